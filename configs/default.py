@@ -1,0 +1,31 @@
+"""Default hyperparameters: a 784-512-512-10 MLP with dropout, AdamW, warmup and cosine decay."""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The starting point every other config copies and adjusts."""
+  config = ml_collections.ConfigDict()
+  config.seed = 0
+  config.num_epochs = 20
+  config.batch_size = 128  # Global: split evenly over devices when data parallel.
+  config.eval_batch_size = 1000
+  config.optimizer = 'adamw'  # sgd | momentum | adam | adamw
+  config.learning_rate = 2e-3
+  config.momentum = 0.9  # For optimizer=momentum (Nesterov).
+  config.weight_decay = 1e-4  # For optimizer=adamw.
+  config.schedule = 'cosine'  # constant | cosine (decays to zero at the last step).
+  config.warmup_epochs = 1.0
+  config.parallel = 'auto'  # auto | jit | pmap
+
+  config.model = ml_collections.ConfigDict()
+  config.model.hidden_sizes = (512, 512)
+  config.model.dropout_rate = 0.2
+
+  config.data = ml_collections.ConfigDict()
+  config.data.source = 'tfds'  # tfds | idx
+  config.data.dir = ''  # idx: folder of the .gz files. tfds: optional folder of them for offline use.
+  config.data.tfds_data_dir = ''  # Where TFDS keeps prepared data; '' is TFDS's default.
+  config.data.train_split = 'train'
+  config.data.eval_split = 'test'
+  return config

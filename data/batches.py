@@ -1,0 +1,42 @@
+"""The on-device input pipeline: each epoch's order, each device's share of it, and batch gathering."""
+
+import jax
+import jax.numpy as jnp
+
+# Per-pixel statistics of the MNIST training set, to centre the inputs.
+PIXEL_MEAN, PIXEL_STD = 0.1307, 0.3081
+
+
+def epoch_permutation(seed_key: jax.Array, epoch: jax.Array, num_examples: int) -> jax.Array:
+  """The training order of one epoch: a function of (seed, epoch) only, so any epoch replays exactly."""
+  return jax.random.permutation(jax.random.fold_in(seed_key, epoch), num_examples)
+
+
+def shard_steps(order: jax.Array, batch_size: int, num_shards: int, shard: jax.Array) -> jax.Array:
+  """This shard's example indices per step, [steps, batch_size // num_shards]; drops the remainder.
+
+  The global batch of step s is order[s * batch_size:(s + 1) * batch_size], split into num_shards
+  equal consecutive pieces; shard k takes piece k, so any device count sees the same global batches.
+  """
+  steps = order.shape[0] // batch_size
+  per_shard = batch_size // num_shards
+  table = order[:steps * batch_size].reshape(steps, num_shards, per_shard)
+  return jnp.take(table, shard, axis=1)
+
+
+def eval_steps(num_examples: int, batch_size: int, num_shards: int,
+               shard: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Indices and validity mask for scoring every example once: the last batch is padded and masked."""
+  steps = -(-num_examples // batch_size)
+  positions = jnp.arange(steps * batch_size)
+  mask = positions < num_examples
+  indices = jnp.minimum(positions, num_examples - 1)
+  per_shard = batch_size // num_shards
+  pick = lambda a: jnp.take(a.reshape(steps, num_shards, per_shard), shard, axis=1)
+  return pick(indices), pick(mask)
+
+
+def gather(images: jax.Array, labels: jax.Array, indices: jax.Array) -> dict[str, jax.Array]:
+  """A batch of normalized float32 images [B, 784] and int32 labels [B] from resident uint8 data."""
+  pixels = jnp.take(images, indices, axis=0).astype(jnp.float32) / 255.0
+  return {'image': (pixels - PIXEL_MEAN) / PIXEL_STD, 'label': jnp.take(labels, indices, axis=0)}

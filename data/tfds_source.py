@@ -1,0 +1,52 @@
+"""MNIST through tensorflow-datasets, failing in seconds (not TFDS's minutes of retries) when offline."""
+
+import os
+import socket
+
+import numpy as np
+
+from mlp.errors import UserError
+
+# Where TFDS downloads MNIST from (tensorflow_datasets/image_classification/mnist.py).
+DOWNLOAD_HOST = ('storage.googleapis.com', 443)
+
+OFFLINE_HELP = ('to train offline, either put the four canonical files (train-images-idx3-ubyte.gz, '
+                'train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) '
+                'in a folder and pass --config.data.dir=FOLDER (TFDS prepares MNIST from them), or '
+                'read them directly with --config.data.source=idx --config.data.dir=FOLDER')
+
+
+def can_reach(address: tuple[str, int] = DOWNLOAD_HOST, timeout: float = 5.0) -> bool:
+  """True when a TCP connection to the download host opens within the timeout."""
+  try:
+    with socket.create_connection(address, timeout=timeout):
+      return True
+  except OSError:
+    return False
+
+
+def load_tfds(split: str, manual_dir: str = '', data_dir: str = '') -> tuple[np.ndarray, np.ndarray]:
+  """Returns (images uint8 [N, 28, 28], labels int32 [N]) of an MNIST split prepared by TFDS."""
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, only for this source
+
+  builder = tfds.builder('mnist', data_dir=data_dir or None)
+  if not builder.is_prepared():
+    if manual_dir and not os.path.isdir(os.path.expanduser(manual_dir)):
+      raise UserError(f'data folder {manual_dir} does not exist; {OFFLINE_HELP}')
+    if not manual_dir and not can_reach():
+      raise UserError(f'MNIST is not prepared and {DOWNLOAD_HOST[0]} cannot be reached; '
+                      f'{OFFLINE_HELP}')
+    download_config = tfds.download.DownloadConfig(
+        manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)
+    try:
+      builder.download_and_prepare(download_config=download_config)
+    except Exception as error:  # A third-party boundary: every failure here is about the data.
+      reason = str(error).strip().splitlines()[0] if str(error).strip() else ''
+      raise UserError(f'TFDS could not prepare MNIST ({type(error).__name__}: {reason}); '
+                      f'{OFFLINE_HELP}') from error
+  dataset = builder.as_dataset(split=split, batch_size=10_000, as_supervised=True,
+                               shuffle_files=False)
+  images, labels = zip(*tfds.as_numpy(dataset))
+  images = np.concatenate(images).reshape(-1, 28, 28).astype(np.uint8)
+  return images, np.concatenate(labels).astype(np.int32)

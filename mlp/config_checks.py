@@ -1,0 +1,51 @@
+"""Config validation before any data or disk is touched: every mistake becomes one actionable line."""
+
+import numbers
+
+import ml_collections
+
+from data.mnist import check_source
+from data.splits import parse_split
+from mlp.errors import UserError
+from mlp.optim import OPTIMIZERS, SCHEDULES
+from mlp.parallel import PARALLEL_MODES
+
+
+def _positive_int(config: ml_collections.ConfigDict, name: str) -> None:
+  value = config[name]
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+    raise UserError(f'{name} must be a positive integer, got {value!r}; '
+                    f'set --config.{name}=N with N >= 1')
+
+
+def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
+  if value not in choices:
+    raise UserError(f'unknown {name} {value!r}; use one of {", ".join(choices)}')
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises UserError naming the first bad field and how to fix it."""
+  for name in ('num_epochs', 'batch_size', 'eval_batch_size'):
+    _positive_int(config, name)
+  if not config.learning_rate > 0:
+    raise UserError(f'learning_rate must be positive, got {config.learning_rate!r}')
+  if config.warmup_epochs < 0:
+    raise UserError(f'warmup_epochs must be >= 0, got {config.warmup_epochs!r}')
+  if config.weight_decay < 0:
+    raise UserError(f'weight_decay must be >= 0, got {config.weight_decay!r}')
+  _one_of(config.optimizer, OPTIMIZERS, 'optimizer')
+  _one_of(config.schedule, SCHEDULES, 'schedule')
+  _one_of(config.parallel, PARALLEL_MODES, 'parallel mode')
+  widths = config.model.hidden_sizes
+  if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0 for w in widths):
+    raise UserError(f'model.hidden_sizes must be positive integers, got {widths!r}; '
+                    'write it like --config.model.hidden_sizes="(512, 512)"')
+  if not 0 <= config.model.dropout_rate < 1:
+    raise UserError(f'model.dropout_rate must be in [0, 1), got {config.model.dropout_rate!r}')
+  check_source(config.data.source)
+  train_size = parse_split(config.data.train_split).size
+  parse_split(config.data.eval_split)
+  if config.batch_size > train_size:
+    raise UserError(f'batch_size {config.batch_size} is larger than the training split '
+                    f'{config.data.train_split!r} ({train_size} examples); lower --config.batch_size '
+                    'or widen --config.data.train_split')

@@ -1,0 +1,51 @@
+"""A whole epoch as one compiled program: `lax.scan` of the step over batches gathered on the device."""
+
+import jax
+import jax.numpy as jnp
+
+from data import batches
+from mlp import steps
+
+
+def _shard_index(axis_name: str | None) -> jax.Array:
+  return jax.lax.axis_index(axis_name) if axis_name is not None else jnp.int32(0)
+
+
+def _total(sums: steps.Metrics, axis_name: str | None) -> steps.Metrics:
+  sums = jax.tree.map(lambda x: jnp.sum(x, axis=0), sums)
+  return jax.lax.psum(sums, axis_name) if axis_name is not None else sums
+
+
+def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
+                epoch: jax.Array, *, batch_size: int, num_shards: int = 1,
+                axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
+  """Trains on one epoch of the resident data; returns the new state and the epoch's metric sums.
+
+  With `axis_name` this runs under pmap: shard k of `num_shards` takes piece k of every global
+  batch, gradients are averaged and metric sums added over the axis.
+  """
+  shard = _shard_index(axis_name)
+  order_key, dropout_key = jax.random.split(seed_key)
+  order = batches.epoch_permutation(order_key, epoch, images.shape[0])
+  step_indices = batches.shard_steps(order, batch_size, num_shards, shard)
+
+  def body(state, indices):
+    rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), shard)
+    return steps.train_step(state, batches.gather(images, labels, indices), rng, axis_name)
+
+  state, sums = jax.lax.scan(body, state, step_indices)
+  return state, _total(sums, axis_name)
+
+
+def evaluate(state: steps.TrainState, images: jax.Array, labels: jax.Array, *, batch_size: int,
+             num_shards: int = 1, axis_name: str | None = None) -> steps.Metrics:
+  """Scores every example exactly once (the last batch padded and masked); returns metric sums."""
+  indices, masks = batches.eval_steps(images.shape[0], batch_size, num_shards,
+                                      _shard_index(axis_name))
+
+  def body(_, step):
+    step_indices, mask = step
+    return None, steps.eval_step(state, batches.gather(images, labels, step_indices), mask)
+
+  _, sums = jax.lax.scan(body, None, (indices, masks))
+  return _total(sums, axis_name)

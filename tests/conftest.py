@@ -1,0 +1,52 @@
+"""Shared test fixtures: the real MNIST test set beside the project, and configs that train on it fast."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from configs import default
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MNIST_DIR = ROOT.parent / 'shared' / 'mnist'
+# The real-data split used throughout: train on the first 8,000 test images, evaluate on the last 2,000.
+REAL_SPLITS = {'data.source': 'idx', 'data.dir': str(MNIST_DIR),
+               'data.train_split': 'test[:8000]', 'data.eval_split': 'test[8000:]'}
+
+
+def _merged(overrides: dict) -> dict:
+  """The real-data split plus overrides given as keywords, `__` standing for `.` (model__dropout_rate)."""
+  return {**REAL_SPLITS, **{k.replace('__', '.'): v for k, v in overrides.items()}}
+
+
+def make_config(**overrides) -> ml_collections.ConfigDict:
+  """The default config on the real-data split, with overrides."""
+  config = default.get_config()
+  for name, value in _merged(overrides).items():
+    *parents, leaf = name.split('.')
+    target = config
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+def override_flags(**overrides) -> list[str]:
+  """The same overrides as --config.FIELD=VALUE flags for train.py."""
+  return [f'--config.{name}={value}' for name, value in _merged(overrides).items()]
+
+
+def run_train(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+  """Runs train.py as a user would, from the project root."""
+  return subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
+                        text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope='session')
+def mnist_dir() -> pathlib.Path:
+  if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():
+    pytest.fail(f'the real MNIST test set is expected in {MNIST_DIR}')
+  return MNIST_DIR

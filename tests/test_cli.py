@@ -1,0 +1,66 @@
+"""train.py as users run it: a real-data run, and one clear line for each kind of mistake."""
+
+import json
+import shutil
+
+import pytest
+
+from tests.conftest import ROOT, override_flags, run_train
+
+CONFIG = '--config=configs/default.py'
+
+
+def test_two_epochs_on_real_mnist_learn_the_task(tmp_path, mnist_dir):
+  out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(num_epochs=2))
+  assert out.returncode == 0, out.stderr
+  records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  assert [r['epoch'] for r in records] == [1, 2]
+  assert records[-1]['eval_accuracy'] > 0.90  # A broken trainer stays near 10%.
+  assert records[-1]['train_loss'] < records[0]['train_loss']
+  assert sum(l.startswith('epoch ') for l in out.stdout.splitlines()) == 2
+  assert list(tmp_path.glob('events.out.tfevents.*'))
+  assert 'Traceback' not in out.stderr
+
+
+def corrupt_copy(mnist_dir, folder):
+  folder.mkdir()
+  for f in mnist_dir.glob('t10k-*'):
+    shutil.copy(f, folder / f.name)
+  labels = folder / 't10k-labels-idx1-ubyte.gz'
+  labels.write_bytes(labels.read_bytes()[:-10] + b'0123456789')
+  return folder
+
+
+BAD_INPUTS = {
+    'typo in an override key': ([CONFIG, '--config.lerning_rate=0.1'], "did you mean 'learning_rate'"),
+    'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
+    'no config flag': ([], 'no config given'),
+    'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
+    'unknown optimizer': ([CONFIG, '--config.optimizer=rmsprop'], "unknown optimizer 'rmsprop'"),
+    'unknown source': ([CONFIG, '--config.data.source=csv'], "unknown data.source 'csv'"),
+    'zero batch size': ([CONFIG, *override_flags(batch_size=0)], 'batch_size must be a positive'),
+    'negative epochs': ([CONFIG, *override_flags(num_epochs=-1)], 'num_epochs must be a positive'),
+    'batch larger than the split': ([CONFIG, *override_flags(batch_size=8001)],
+                                    'larger than the training split'),
+    'missing data folder': ([CONFIG, *override_flags(data__dir='/nonexistent/mnist')],
+                            'does not exist'),
+    'file failing its checksum': ([CONFIG, *override_flags(data__dir='{corrupt}')],
+                                  'fails its SHA-256 check'),
+}
+
+
+@pytest.mark.parametrize('case', BAD_INPUTS)
+def test_bad_input_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_dir):
+  args, expected = BAD_INPUTS[case]
+  corrupt = str(corrupt_copy(mnist_dir, tmp_path / 'corrupt')) if '{corrupt}' in str(args) else ''
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  (workdir / 'metrics.jsonl').write_text('{"epoch": 1}\n')
+  out = run_train(*[a.replace('{corrupt}', corrupt) for a in args], f'--workdir={workdir}')
+  assert out.returncode != 0
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1, out.stderr
+  assert lines[0].startswith('error: ') and expected in lines[0], lines[0]
+  assert sorted(p.name for p in workdir.iterdir()) == ['metrics.jsonl']
+  assert (workdir / 'metrics.jsonl').read_text() == '{"epoch": 1}\n'
+  assert not (ROOT / 'checkpoints' / 'nope').exists()

@@ -1,0 +1,93 @@
+"""The data layer: split syntax, checksummed IDX reading, and the on-device batch plan."""
+
+import gzip
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from data import batches
+from data.idx import load_idx
+from data.splits import parse_split
+from mlp.errors import UserError
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize('spec, expected', [
+    ('test', ('test', 0, 10_000)),
+    ('test[:8000]', ('test', 0, 8000)),
+    ('test[8000:]', ('test', 8000, 10_000)),
+    ('train[10%:20%]', ('train', 6000, 12_000)),
+    ('test[-500:]', ('test', 9500, 10_000)),
+])
+def test_split_syntax_resolves_to_example_ranges(spec, expected):
+  split = parse_split(spec)
+  assert (split.name, split.start, split.stop) == expected
+
+
+@pytest.mark.parametrize('spec', ['validation', 'test[a:b]', 'test[5000:100]', 'test[:8000'])
+def test_bad_split_names_the_fix(spec):
+  with pytest.raises(UserError, match='split'):
+    parse_split(spec)
+
+
+def test_idx_reads_the_real_test_set(mnist_dir):
+  images, labels = load_idx(str(mnist_dir), parse_split('test'))
+  assert images.shape == (10_000, 28, 28) and images.dtype == np.uint8
+  assert labels.dtype == np.int32
+  # The published class counts of the MNIST test set.
+  assert np.bincount(labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+  tail, tail_labels = load_idx(str(mnist_dir), parse_split('test[8000:]'))
+  np.testing.assert_array_equal(tail, images[8000:])
+  np.testing.assert_array_equal(tail_labels, labels[8000:])
+
+
+def test_idx_rejects_a_file_that_fails_its_checksum(mnist_dir, tmp_path):
+  for f in mnist_dir.glob('t10k-*'):
+    shutil.copy(f, tmp_path / f.name)
+  labels = tmp_path / 't10k-labels-idx1-ubyte.gz'
+  payload = bytearray(gzip.decompress(labels.read_bytes()))
+  payload[100] = (payload[100] + 1) % 10
+  labels.write_bytes(gzip.compress(bytes(payload)))
+  with pytest.raises(UserError, match='t10k-labels-idx1-ubyte.gz fails its SHA-256 check'):
+    load_idx(str(tmp_path), parse_split('test'))
+  (tmp_path / 't10k-images-idx3-ubyte.gz').unlink()
+  with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is missing'):
+    load_idx(str(tmp_path), parse_split('test'))
+
+
+def test_idx_path_does_not_import_tensorflow(mnist_dir):
+  code = ('import sys; from data.mnist import load_split; from tests.conftest import make_config; '
+          'load_split(make_config().data, "test[:10]"); import mlp.trainer; '
+          'print("tensorflow" in sys.modules)')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() == 'False'
+
+
+def test_epoch_order_depends_only_on_seed_and_epoch():
+  key = jax.random.key(7)
+  first = batches.epoch_permutation(key, jnp.int32(3), 1000)
+  np.testing.assert_array_equal(first, batches.epoch_permutation(key, jnp.int32(3), 1000))
+  assert sorted(np.asarray(first).tolist()) == list(range(1000))
+  assert not np.array_equal(first, batches.epoch_permutation(key, jnp.int32(4), 1000))
+  assert not np.array_equal(first, batches.epoch_permutation(jax.random.key(8), jnp.int32(3), 1000))
+
+
+def test_shards_split_each_global_batch_in_order():
+  order = jnp.arange(100)[::-1]
+  whole = batches.shard_steps(order, 24, 1, jnp.int32(0))
+  assert whole.shape == (4, 24)  # 100 // 24 steps; the last 4 examples wait for the next epoch.
+  pieces = [batches.shard_steps(order, 24, 4, jnp.int32(k)) for k in range(4)]
+  np.testing.assert_array_equal(jnp.concatenate(pieces, axis=1), whole)
+
+
+def test_eval_plan_scores_every_example_once():
+  for shards in (1, 4):
+    plans = [batches.eval_steps(1999, 1000, shards, jnp.int32(k)) for k in range(shards)]
+    indices = np.concatenate([np.asarray(i)[np.asarray(m)] for i, m in plans])
+    assert sorted(indices.tolist()) == list(range(1999))

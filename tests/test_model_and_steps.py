@@ -1,0 +1,73 @@
+"""The MLP, its metrics and one optimizer step, on inputs whose answers are known by hand."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from mlp import steps
+from mlp.model import MLP
+from mlp.optim import make_optimizer
+from tests.conftest import make_config
+
+
+def test_mlp_output_shape_and_parameter_shapes():
+  model = MLP(hidden_sizes=(32, 16), dropout_rate=0.0)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28)))['params']
+  logits = model.apply({'params': params}, jnp.ones((5, 28, 28)))
+  assert logits.shape == (5, 10)
+  assert [params[f'Dense_{i}']['kernel'].shape for i in range(3)] == [(784, 32), (32, 16), (16, 10)]
+
+
+def test_dropout_only_changes_training_outputs():
+  model = MLP(hidden_sizes=(64,), dropout_rate=0.5)
+  x = jax.random.normal(jax.random.key(1), (4, 784))
+  params = model.init(jax.random.key(0), x)['params']
+  evaluated = [model.apply({'params': params}, x) for _ in range(2)]
+  np.testing.assert_array_equal(evaluated[0], evaluated[1])
+  trained = [model.apply({'params': params}, x, train=True, rngs={'dropout': jax.random.key(k)})
+             for k in (1, 2)]
+  assert not np.allclose(trained[0], trained[1])
+
+
+def test_batch_metrics_on_hand_computed_logits():
+  # Row 0 gives class 1 a logit of log 3, the rest 0: p(class 0) = 1 / (9 + 3), loss log 12, and
+  # class 1 wins (a miss). Row 1 is uniform: loss log 10, argmax picks class 0 (a hit).
+  logits = jnp.zeros((2, 10)).at[0, 1].set(jnp.log(3.0))
+  labels = jnp.array([0, 0])
+  sums = steps.batch_metrics(logits, labels)
+  np.testing.assert_allclose(sums['loss'], np.log(12.0) + np.log(10.0), rtol=1e-6)
+  assert int(sums['correct']) == 1 and int(sums['count']) == 2
+  masked = steps.batch_metrics(logits, labels, mask=jnp.array([True, False]))
+  np.testing.assert_allclose(masked['loss'], np.log(12.0), rtol=1e-6)
+  assert int(masked['correct']) == 0 and int(masked['count']) == 1
+  assert steps.summarize({'loss': 3.0, 'correct': 1, 'count': 4}) == {'loss': 0.75, 'accuracy': 0.25}
+
+
+def test_train_step_lowers_the_loss_on_its_batch():
+  config = make_config(model__hidden_sizes=(32,), learning_rate=1e-2, warmup_epochs=0,
+                       schedule='constant')
+  state = steps.create_train_state(config, jax.random.key(0), steps_per_epoch=10)
+  batch = {'image': jax.random.normal(jax.random.key(1), (16, 784)),
+           'label': jnp.arange(16) % 10}
+  losses = []
+  for i in range(5):
+    state, sums = jax.jit(steps.train_step)(state, batch, jax.random.key(i))
+    losses.append(float(sums['loss']))
+  assert int(state.step) == 5
+  assert losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize('name', ['sgd', 'momentum', 'adam', 'adamw'])
+def test_every_optimizer_follows_warmup_then_cosine_decay(name):
+  config = make_config(optimizer=name, learning_rate=0.1, warmup_epochs=1, num_epochs=4)
+  tx = make_optimizer(config, steps_per_epoch=10)
+  params = {'w': jnp.ones(3)}
+  opt_state = tx.init(params)
+  sizes = []
+  for _ in range(40):
+    updates, opt_state = tx.update({'w': jnp.ones(3)}, opt_state, params)
+    sizes.append(float(jnp.abs(updates['w'][0])))
+  assert sizes[0] == 0.0  # Warmup starts from a zero learning rate.
+  assert max(sizes) == pytest.approx(max(sizes[8:12]), rel=0.3)  # Peak at the end of warmup.
+  assert sizes[-1] < 0.05 * max(sizes)  # Cosine decay reaches ~0 at the last step.

@@ -1,0 +1,66 @@
+"""The training loop in-process: determinism, its three outputs, and an evaluation that misses nobody."""
+
+import json
+
+import jax
+import numpy as np
+
+from data.mnist import load_split
+from mlp import parallel
+from mlp import steps
+from mlp import trainer
+from mlp.reporting import METRICS_FILE
+from tests.conftest import make_config
+
+# Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
+SMALL = dict(num_epochs=2, data__train_split='test[:2000]', data__eval_split='test[8000:]')
+TIMINGS = ('epoch_seconds', 'train_images_per_second')
+
+
+def read_metrics(workdir) -> list[dict]:
+  with open(workdir / METRICS_FILE, encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+  return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records]
+
+
+def test_same_config_and_seed_give_bit_identical_metrics(tmp_path, mnist_dir):
+  for name in ('a', 'b'):
+    trainer.train_and_evaluate(make_config(**SMALL), str(tmp_path / name))
+  first, second = read_metrics(tmp_path / 'a'), read_metrics(tmp_path / 'b')
+  assert [r['epoch'] for r in first] == [1, 2]
+  assert without_timings(first) == without_timings(second)
+  trainer.train_and_evaluate(make_config(seed=1, **SMALL), str(tmp_path / 'c'))
+  assert without_timings(read_metrics(tmp_path / 'c')) != without_timings(first)
+
+
+def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_path, capsys,
+                                                                         mnist_dir):
+  record = trainer.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+  records = read_metrics(tmp_path)
+  assert records[-1] == record
+  assert set(record) == {'epoch', 'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
+                         'epoch_seconds', 'train_images_per_second'}
+  assert all(isinstance(v, float) for k, v in record.items() if k != 'epoch')
+  # 2,000 images at batch 128: 15 full steps, 1,920 images trained per epoch.
+  assert record['train_images_per_second'] * record['epoch_seconds'] >= 1920 * 0.99
+  assert list(tmp_path.glob('events.out.tfevents.*'))
+  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('epoch ')]
+  assert len(lines) == 2 and 'ETA' in lines[0]
+  assert f'{100 * record["eval_accuracy"]:6.2f}%' in lines[1]
+
+
+def test_padded_evaluation_scores_every_example_once(mnist_dir):
+  config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
+  examples = load_split(config.data, config.data.eval_split)
+  state = steps.create_train_state(config, jax.random.key(0), steps_per_epoch=1)
+  executor = parallel.make_executor(config)
+  sums = jax.device_get(executor.evaluate(executor.put_state(state), executor.put_data(examples)))
+  assert int(sums['count']) == 1999
+  images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
+  logits = state.apply_fn({'params': state.params}, images)
+  assert int(sums['correct']) == int(np.sum(np.argmax(logits, -1) == examples.labels))
+  reference = steps.batch_metrics(logits, examples.labels)
+  np.testing.assert_allclose(sums['loss'], reference['loss'], rtol=1e-5)

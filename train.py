@@ -1,0 +1,77 @@
+"""Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE ...]`."""
+
+import os
+import re
+import sys
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from mlp.errors import UserError
+
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
+    '(default: checkpoints/<config file name>).')
+
+
+def _fail(message: str, status: int) -> None:
+  print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
+  sys.exit(status)
+
+
+def _unknown_field(error: Exception) -> str:
+  """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
+  text = str(error.args[0]) if error.args else str(error)
+  name = re.search(r"'([\w.]+)", text)
+  name = name.group(1) if name else text.split()[0]
+  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  hint = f'did you mean {suggestion.group(1)!r}?' if suggestion else 'check the name in the config file'
+  return f'the config has no field {name!r}; {hint}'
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with every mistake reported as one line instead of a traceback."""
+  try:
+    rest = flags.FLAGS(argv)
+    config = _CONFIG.value
+    if config is not None:
+      config.keys()  # A config file that failed to load raises on first use: make that use here.
+  except flags.Error as error:
+    _fail(f'{error}; run python train.py --helpshort for the flags', 2)
+  except (AttributeError, KeyError) as error:
+    _fail(_unknown_field(error), 2)
+  except OSError as error:
+    _fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
+          '--config=configs/default.py or another file in configs/', 2)
+  except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
+    _fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
+  if len(rest) > 1:
+    _fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
+  if config is None:
+    _fail('no config given; pass --config=configs/default.py (or another file in configs/)', 2)
+  return rest
+
+
+def default_workdir() -> str:
+  """checkpoints/<config file name without .py>, beside this file."""
+  config_file = config_flags.get_config_filename(flags.FLAGS['config'])
+  name = os.path.splitext(os.path.basename(config_file))[0]
+  return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'checkpoints', name)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from mlp import trainer  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  try:
+    trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir())
+  except UserError as error:
+    _fail(str(error), 1)
+
+
+if __name__ == '__main__':
+  flags.FLAGS.set_default('verbosity', -1)  # Warnings and errors only; --verbosity=0 shows info logs.
+  app.run(main, flags_parser=parse_flags)
