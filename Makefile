@@ -1,0 +1,22 @@
+# `make train` and `make test` create the virtual environment on first use.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+CONFIG ?= configs/default.py
+ARGS ?=
+
+.PHONY: train test clean-env
+
+$(VENV)/installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -r requirements.txt
+	touch $@
+
+train: $(VENV)/installed
+	$(PYTHON) train.py --config=$(CONFIG) $(ARGS)
+
+test: $(VENV)/installed
+	$(PYTHON) -m pytest -q
+
+clean-env:
+	rm -rf $(VENV)
