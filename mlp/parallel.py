@@ -22,8 +22,8 @@ class JitExecutor:
   num_shards = 1
 
   def __init__(self, config: ml_collections.ConfigDict):
-    self._train = jax.jit(functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size),
-                          donate_argnums=0)
+    self._train = jax.jit(functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size,
+                                            max_shift=config.data.max_shift), donate_argnums=0)
     self._eval = jax.jit(functools.partial(epoch_lib.evaluate, batch_size=config.eval_batch_size))
 
   def compile(self, state: steps.TrainState, train_data: DeviceData, eval_data: DeviceData,
