@@ -1,4 +1,4 @@
-"""Default hyperparameters: a 784-512-512-10 MLP, dropout and ±2-pixel shifts, AdamW with warmup and cosine decay."""
+"""Default hyperparameters: a 784-512-512-10 MLP, dropout and ±1-pixel shifts, AdamW with warmup and cosine decay."""
 
 import ml_collections
 
@@ -28,5 +28,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.tfds_data_dir = ''  # Where TFDS keeps prepared data; '' is TFDS's default.
   config.data.train_split = 'train'
   config.data.eval_split = 'test'
-  config.data.max_shift = 2  # Training images move by up to this many pixels each way (0: off).
+  config.data.max_shift = 1  # Training images move by up to this many pixels each way (0: off).
   return config
