@@ -52,15 +52,15 @@ def read_records(workdir: str) -> list[dict]:
   return records
 
 
-def keep_records_through(workdir: str, epoch: int) -> None:
-  """Drops metrics.jsonl lines past `epoch`, so a resumed run appends no epoch twice."""
+def keep_records_through(workdir: str, epoch: int) -> list[dict]:
+  """Drops metrics.jsonl lines past `epoch`, so a resumed run appends no epoch twice; returns the rest."""
   path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return
   kept = [r for r in read_records(workdir) if int(r.get('epoch', 0)) <= epoch]
-  with open(path + '.tmp', 'w', encoding='utf-8') as f:
-    f.writelines(json.dumps(r) + '\n' for r in kept)
-  os.replace(path + '.tmp', path)
+  if os.path.exists(path):
+    with open(path + '.tmp', 'w', encoding='utf-8') as f:
+      f.writelines(json.dumps(r) + '\n' for r in kept)
+    os.replace(path + '.tmp', path)
+  return kept
 
 
 def record_evaluation(workdir: str, record: dict, stream: TextIO | None = None) -> None:
@@ -75,8 +75,9 @@ def record_evaluation(workdir: str, record: dict, stream: TextIO | None = None) 
 class Reporter:
   """Writes each epoch's record, appending to the run directory's files after `start_epoch`.
 
-  A resumed run first drops what was recorded past its checkpoint's epoch: metrics.jsonl lines,
-  and TensorBoard events through the writer's purge step.
+  metrics.jsonl is the record of truth: a (re)started run drops its lines past `start_epoch`, and
+  rebuilds the TensorBoard scalars from the rest in a new events file that purges all older ones.
+  (tensorboardX writes from a background thread, so a killed run can lose its last events.)
   """
 
   def __init__(self, workdir: str, num_epochs: int, stream: TextIO | None = None, *,
@@ -84,21 +85,28 @@ class Reporter:
     self._workdir = workdir
     self._num_epochs = num_epochs
     self._stream = stream or sys.stdout
-    keep_records_through(workdir, start_epoch)
-    self._writer = SummaryWriter(workdir, purge_step=start_epoch + 1)
+    kept = keep_records_through(workdir, start_epoch)
+    # The suffix keeps a run resumed within the same second from overwriting the last one's events.
+    self._writer = SummaryWriter(workdir, purge_step=1,
+                                 filename_suffix=f'.from-epoch-{start_epoch}')
+    for record in kept:
+      self._add_scalars(record)
     self._seconds: list[float] = []
 
   def write(self, record: dict[str, float]) -> None:
     with open(os.path.join(self._workdir, METRICS_FILE), 'a', encoding='utf-8') as f:
       f.write(json.dumps(record) + '\n')
-    for name, value in record.items():
-      if name != 'epoch':
-        self._writer.add_scalar(name.replace('_', '/', 1), value, int(record['epoch']))
-    self._writer.flush()
+    self._add_scalars(record)
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
     print(format_line(record, self._num_epochs, eta), file=self._stream, flush=True)
+
+  def _add_scalars(self, record: dict[str, float]) -> None:
+    for name, value in record.items():
+      if name != 'epoch':
+        self._writer.add_scalar(name.replace('_', '/', 1), value, int(record['epoch']))
+    self._writer.flush()
 
   def log(self, message: str) -> None:
     print(message, file=self._stream, flush=True)
