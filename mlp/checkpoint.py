@@ -215,9 +215,12 @@ class Checkpoints:
     self._manager.reload()
     return moved
 
-  def close(self) -> None:
-    """Waits for the writes in flight: every save started is complete on disk when this returns."""
+  def wait(self) -> None:
+    """Returns once every save started is complete on disk."""
     self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.wait()
     self._manager.close()
 
   def _check_config(self, saved: dict[str, Any], epoch: int) -> None:
