@@ -201,7 +201,7 @@ class Checkpoints:
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.
 
-    Their epochs can then be saved again.
+    Their epochs can then be saved again. Process 0 renames, the others wait for it.
     """
     moved = []
     for epoch in epochs:
@@ -210,9 +210,12 @@ class Checkpoints:
       while os.path.exists(target):
         suffix += 1
         target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}.{suffix}')
-      os.rename(os.path.join(self.directory, str(epoch)), target)
+      if jax.process_index() == 0:
+        os.rename(os.path.join(self.directory, str(epoch)), target)
       moved.append(target)
-    self._manager.reload()
+    if epochs:
+      ocp.multihost.sync_global_processes('checkpoints_set_aside')
+      self._manager.reload()
     return moved
 
   def wait(self) -> None:

@@ -54,10 +54,13 @@ def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
   """A diverged epoch stops the run before its state can be saved."""
   for name in ('train_loss', 'eval_loss'):
     if not math.isfinite(record[name]):
-      newest = f'epoch {saved_epochs[-1]}' if saved_epochs else 'none'
+      if saved_epochs:  # Their config has the old learning rate: resuming them would refuse it.
+        kept = f'newest checkpoint: epoch {saved_epochs[-1]}'
+        fix = 'lower --config.learning_rate and train in a new --workdir'
+      else:
+        kept, fix = 'no checkpoint yet', 'lower --config.learning_rate and run again'
       raise UserError(f'the {name.replace("_", " ")} is {record[name]} in epoch {record["epoch"]}: '
-                      f'training diverged, and that state was not saved (newest checkpoint: '
-                      f'{newest}); lower --config.learning_rate and train in a new --workdir')
+                      f'training diverged, and that state was not saved ({kept}); {fix}')
 
 
 def _evaluation(config: ml_collections.ConfigDict, executor: parallel.JitExecutor,
@@ -156,8 +159,8 @@ def _report_finished(config: ml_collections.ConfigDict, workdir: str, reporter: 
                      executor: parallel.JitExecutor, state: steps.TrainState,
                      eval_examples: Examples, epoch: int) -> dict[str, float]:
   """A rerun of a finished run: its final metrics again, from metrics.jsonl or a new evaluation."""
-  reporter.log(f'nothing to train: the run has {epoch} of num_epochs={config.num_epochs} epochs; '
-               'its final metrics:')
+  reporter.log(f'nothing to train: the checkpoint is at epoch {epoch} and num_epochs is '
+               f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
   recorded = [r for r in read_records(workdir) if r.get('epoch') == epoch]
   if recorded:
     reporter.log(format_line(recorded[-1], epoch, 0))

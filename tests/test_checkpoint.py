@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from mlp import config_checks
 from mlp import steps
 from mlp import trainer
 from mlp.checkpoint import DAMAGED_PREFIX, Checkpoints
@@ -178,6 +179,17 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(damag
   assert (small_copy / f'{DAMAGED_PREFIX}3').is_dir()  # Kept for inspection, not deleted.
 
 
+def test_a_half_written_checkpoint_never_blocks_a_resume(small_run, small_copy, capsys):
+  # What a kill during a save leaves: orbax's temporary folder, renamed only once complete.
+  partial = shutil.copytree(small_copy / '3', small_copy / '4.orbax-checkpoint-tmp')
+  truncate(largest_file(partial / 'state'))
+  (partial / 'state' / '_METADATA').unlink()
+  trainer.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), str(small_copy))
+  assert 'resumed from epoch 3' in capsys.readouterr().out
+  assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
+  assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
+
+
 def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):
   for epoch in saved_epochs(small_copy):
     truncate(largest_file(small_copy / str(epoch) / 'state'))
@@ -310,3 +322,9 @@ def test_metrics_past_the_restored_epoch_and_torn_lines_are_dropped(tmp_path):
   (tmp_path / METRICS_FILE).write_text('\n'.join(lines))
   keep_records_through(str(tmp_path), 2)
   assert read_metrics(tmp_path) == [{'epoch': 1, 'eval_loss': 0.1}, {'epoch': 2, 'eval_loss': 0.2}]
+
+
+@pytest.mark.parametrize('name', ['checkpoint_every_epochs', 'max_checkpoints_to_keep'])
+def test_checkpoint_settings_must_be_positive(name):
+  with pytest.raises(UserError, match=f'{name} must be a positive integer, got 0'):
+    config_checks.validate(make_config(**{name: 0}))
