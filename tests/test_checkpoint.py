@@ -198,6 +198,17 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(damag
   assert (small_copy / f'{DAMAGED_PREFIX}3').is_dir()  # Kept for inspection, not deleted.
 
 
+def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
+  # What a kill during a save leaves: orbax's temporary folder, renamed only once complete.
+  partial = shutil.copytree(small_copy / '3', small_copy / '4.orbax-checkpoint-tmp')
+  truncate(largest_file(partial / 'state'))
+  (partial / 'state' / '_METADATA').unlink()
+  trainer.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), str(small_copy))
+  assert 'resumed from epoch 3' in capsys.readouterr().out
+  assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
+  assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
+
+
 def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):
   for epoch in saved_epochs(small_copy):
     truncate(largest_file(small_copy / str(epoch) / 'state'))
