@@ -24,7 +24,8 @@ from mlp import steps
 from mlp.errors import UserError
 
 STATE, META = 'state', 'meta'
-# Config fields a resumed run may change: none of them changes the numbers training produces.
+# Config fields a resumed run may change: how long to train (num_epochs also stretches a cosine
+# schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers.
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
     'max_checkpoints_to_keep', 'parallel', 'data.source', 'data.dir', 'data.tfds_data_dir',
