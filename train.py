@@ -37,6 +37,10 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
     rest = flags.FLAGS(argv)
+    if flags.FLAGS['verbosity'].using_default_value:
+      # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
+      # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
+      flags.FLAGS.verbosity = -1
     config = _CONFIG.value
     if config is not None:
       config.keys()  # A config file that failed to load raises on first use: make that use here.
@@ -65,13 +69,22 @@ def default_workdir() -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  from mlp import trainer  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
-  try:
-    trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir())
-  except UserError as error:
-    _fail(str(error), 1)
+  from mlp import preemption  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  from mlp import trainer  # pylint: disable=g-import-not-at-top
+  # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
+  with preemption.StopRequest() as stop_request:
+    try:
+      trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir(),
+                                 should_stop=stop_request)
+    except UserError as error:
+      _fail(str(error), 1)
+    except preemption.Preempted as stopped:
+      print(stopped, file=sys.stderr, flush=True)
+      sys.exit(stopped.exit_status)
+    except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
+      _fail('interrupted before the next checkpoint; rerun the same command to resume from the '
+            'newest one', 130)
 
 
 if __name__ == '__main__':
-  flags.FLAGS.set_default('verbosity', -1)  # Warnings and errors only; --verbosity=0 shows info logs.
   app.run(main, flags_parser=parse_flags)

@@ -17,6 +17,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.schedule = 'cosine'  # constant | cosine (decays to zero at the last step).
   config.warmup_epochs = 1.0
   config.parallel = 'auto'  # auto | jit | pmap
+  config.checkpoint_every_epochs = 1  # And always at the end of the run and when stopped by a signal.
+  config.max_checkpoints_to_keep = 3
+  config.eval_only = False  # True: evaluate the newest good checkpoint on data.eval_split, no training.
 
   config.model = ml_collections.ConfigDict()
   config.model.hidden_sizes = (512, 512)

@@ -25,7 +25,8 @@ def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises UserError naming the first bad field and how to fix it."""
-  for name in ('num_epochs', 'batch_size', 'eval_batch_size'):
+  for name in ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
+               'max_checkpoints_to_keep'):
     _positive_int(config, name)
   if not config.learning_rate > 0:
     raise UserError(f'learning_rate must be positive, got {config.learning_rate!r}')

@@ -1,59 +1,170 @@
 """The training loop: `train_and_evaluate(config, workdir)`, the library entry behind train.py."""
 
+import math
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
 
-from data.mnist import load_split
+from data.mnist import Examples, load_split
 from mlp import config_checks
 from mlp import parallel
 from mlp import steps
-from mlp.reporting import Reporter
+from mlp.checkpoint import Checkpoints, Restored
+from mlp.errors import UserError
+from mlp.preemption import Preempted
+from mlp.reporting import Reporter, format_line, read_records, record_evaluation, warn
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains for `config.num_epochs` epochs, evaluating after each; returns the last epoch's record."""
+def _restore(config: ml_collections.ConfigDict, executor: parallel.JitExecutor,
+             checkpoints: Checkpoints, steps_per_epoch: int
+             ) -> tuple[steps.TrainState, jax.Array, Restored | None]:
+  """The device state and run key to start from: the newest good checkpoint's, or fresh ones."""
+  init_key, run_key = jax.random.split(jax.random.key(config.seed))
+  state = executor.put_state(steps.create_train_state(config, init_key, steps_per_epoch))
+  restored = checkpoints.restore(executor.get_state(state), run_key)
+  if restored is None:
+    return state, run_key, None
+  return executor.put_state(restored.state), restored.rng, restored
+
+
+def _run_epoch(executor: parallel.JitExecutor, state: steps.TrainState, train_data, eval_data,
+               run_key: jax.Array, epoch: int,
+               images_per_epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
+  """Trains one epoch and evaluates the result: the new state and the epoch's record."""
+  start = time.perf_counter()
+  state, train_sums = executor.train_epoch(state, train_data, run_key, epoch)
+  train_metrics = executor.metrics(train_sums)
+  train_seconds = time.perf_counter() - start
+  eval_metrics = executor.metrics(executor.evaluate(state, eval_data))
+  return state, {
+      'epoch': epoch,
+      'train_loss': train_metrics['loss'],
+      'train_accuracy': train_metrics['accuracy'],
+      'eval_loss': eval_metrics['loss'],
+      'eval_accuracy': eval_metrics['accuracy'],
+      'epoch_seconds': time.perf_counter() - start,
+      'train_images_per_second': images_per_epoch / train_seconds,
+  }
+
+
+def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
+  """A diverged epoch stops the run before its state can be saved."""
+  for name in ('train_loss', 'eval_loss'):
+    if not math.isfinite(record[name]):
+      if saved_epochs:  # Their config has the old learning rate: resuming them would refuse it.
+        kept = f'newest checkpoint: epoch {saved_epochs[-1]}'
+        fix = 'lower --config.learning_rate and train in a new --workdir'
+      else:
+        kept, fix = 'no checkpoint yet', 'lower --config.learning_rate and run again'
+      raise UserError(f'the {name.replace("_", " ")} is {record[name]} in epoch {record["epoch"]}: '
+                      f'training diverged, and that state was not saved ({kept}); {fix}')
+
+
+def _evaluation(config: ml_collections.ConfigDict, executor: parallel.JitExecutor,
+                state: steps.TrainState, eval_examples: Examples, epoch: int) -> dict[str, float]:
+  """The eval split's metrics of a restored state, as a record for eval.jsonl."""
+  metrics = executor.metrics(executor.evaluate(state, executor.put_data(eval_examples)))
+  return {'epoch': epoch, 'eval_split': config.data.eval_split, 'eval_loss': metrics['loss'],
+          'eval_accuracy': metrics['accuracy']}
+
+
+def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
+  missing = UserError(f'no checkpoint in {os.path.abspath(workdir)} to evaluate; train first (the '
+                      'same command without --config.eval_only=True) or pass the run\'s --workdir')
+  if not os.path.isdir(workdir):
+    raise missing
+  eval_examples = load_split(config.data, config.data.eval_split)
+  executor = parallel.make_executor(config)
+  with Checkpoints(workdir, config, read_only=True) as checkpoints:  # Leaves a live run's files be.
+    state, _, restored = _restore(config, executor, checkpoints, steps_per_epoch=1)
+  if restored is None:
+    raise missing
+  for epoch, why in restored.damaged:
+    warn(f'passed over the checkpoint of epoch {epoch}: {why}')
+  record = _evaluation(config, executor, state, eval_examples, restored.epoch)
+  record_evaluation(workdir, record)
+  return record
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       should_stop: Callable[[], str | None] = lambda: None) -> dict[str, float]:
+  """Trains for `config.num_epochs` epochs, evaluating after each; returns the last epoch's record.
+
+  Continues from the newest good checkpoint in `workdir`; saves one every `checkpoint_every_epochs`
+  and at the end. `should_stop` is asked after each epoch: a signal name from it saves a checkpoint
+  and raises Preempted. With `eval_only`, evaluates the newest checkpoint instead.
+  """
   config_checks.validate(config)
+  if config.eval_only:
+    return evaluate_checkpoint(config, workdir)
   train_examples = load_split(config.data, config.data.train_split)
   eval_examples = load_split(config.data, config.data.eval_split)
-  os.makedirs(workdir, exist_ok=True)
 
   steps_per_epoch = len(train_examples) // config.batch_size
-  seed_key = jax.random.key(config.seed)
-  init_key, run_key = jax.random.split(seed_key)
   executor = parallel.make_executor(config)
-  state = executor.put_state(steps.create_train_state(config, init_key, steps_per_epoch))
-  train_data = executor.put_data(train_examples)
-  eval_data = executor.put_data(eval_examples)
+  with Checkpoints(workdir, config) as checkpoints:  # On exit, every save started is on disk.
+    state, run_key, restored = _restore(config, executor, checkpoints, steps_per_epoch)
+    start_epoch = restored.epoch if restored else 0
+    reporter = Reporter(workdir, config.num_epochs, start_epoch=start_epoch)
+    try:
+      if restored:
+        _report_resume(restored, checkpoints, reporter)
+      if start_epoch >= config.num_epochs:
+        return _report_finished(config, workdir, reporter, executor, state, eval_examples,
+                                start_epoch)
+      train_data = executor.put_data(train_examples)
+      eval_data = executor.put_data(eval_examples)
+      compile_start = time.perf_counter()
+      executor.compile(state, train_data, eval_data, run_key)
+      reporter.log(f'training on {len(train_examples):,} images ({config.data.train_split}), '
+                   f'evaluating on {len(eval_examples):,} ({config.data.eval_split}); '
+                   f'{steps_per_epoch} steps of {config.batch_size} per epoch on '
+                   f'{jax.device_count()} {jax.default_backend()} device(s); '
+                   f'compiled in {time.perf_counter() - compile_start:.1f}s')
+      record: dict[str, float] = {}
+      for epoch in range(start_epoch + 1, config.num_epochs + 1):
+        state, record = _run_epoch(executor, state, train_data, eval_data, run_key, epoch,
+                                   steps_per_epoch * config.batch_size)
+        _check_finite(record, checkpoints.epochs())
+        reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
+        stop = should_stop()
+        if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
+          checkpoints.save(epoch, executor.get_state(state), run_key)
+        if stop and epoch < config.num_epochs:
+          raise Preempted(stop, epoch, checkpoints.directory)
+      pauses = sorted(checkpoints.save_pauses)
+      reporter.log(f'saved the checkpoint of epoch {config.num_epochs} in {checkpoints.directory} '
+                   f'(training paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; '
+                   'orbax writes in the background)')
+      return record
+    finally:
+      reporter.close()
 
-  compile_start = time.perf_counter()
-  executor.compile(state, train_data, eval_data, run_key)
-  reporter = Reporter(workdir, config.num_epochs)
-  reporter.log(f'training on {len(train_examples):,} images ({config.data.train_split}), '
-               f'evaluating on {len(eval_examples):,} ({config.data.eval_split}); '
-               f'{steps_per_epoch} steps of {config.batch_size} per epoch on '
-               f'{jax.device_count()} {jax.default_backend()} device(s); '
-               f'compiled in {time.perf_counter() - compile_start:.1f}s')
-  record: dict[str, float] = {}
-  try:
-    for epoch in range(1, config.num_epochs + 1):
-      start = time.perf_counter()
-      state, train_sums = executor.train_epoch(state, train_data, run_key, epoch)
-      train_metrics = executor.metrics(train_sums)
-      train_seconds = time.perf_counter() - start
-      eval_metrics = executor.metrics(executor.evaluate(state, eval_data))
-      record = {
-          'epoch': epoch,
-          'train_loss': train_metrics['loss'],
-          'train_accuracy': train_metrics['accuracy'],
-          'eval_loss': eval_metrics['loss'],
-          'eval_accuracy': eval_metrics['accuracy'],
-          'epoch_seconds': time.perf_counter() - start,
-          'train_images_per_second': steps_per_epoch * config.batch_size / train_seconds,
-      }
-      reporter.write(record)
-  finally:
-    reporter.close()
+
+def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Reporter) -> None:
+  """Says where the run continues from, and sets damaged newer checkpoints aside with a warning."""
+  moved = checkpoints.set_aside([epoch for epoch, _ in restored.damaged])
+  for (epoch, why), path in zip(restored.damaged, moved):
+    warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell back '
+         f'to epoch {restored.epoch}')
+  reporter.log(f'resumed from epoch {restored.epoch} (checkpoint restored and verified in '
+               f'{1000 * restored.seconds:.0f} ms)')
+
+
+def _report_finished(config: ml_collections.ConfigDict, workdir: str, reporter: Reporter,
+                     executor: parallel.JitExecutor, state: steps.TrainState,
+                     eval_examples: Examples, epoch: int) -> dict[str, float]:
+  """A rerun of a finished run: its final metrics again, from metrics.jsonl or a new evaluation."""
+  reporter.log(f'nothing to train: the checkpoint is at epoch {epoch} and num_epochs is '
+               f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
+  recorded = [r for r in read_records(workdir) if r.get('epoch') == epoch]
+  if recorded:
+    reporter.log(format_line(recorded[-1], epoch, 0))
+    return recorded[-1]
+  record = _evaluation(config, executor, state, eval_examples, epoch)
+  record_evaluation(workdir, record)
   return record

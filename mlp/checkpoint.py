@@ -1,0 +1,237 @@
+"""Orbax checkpoints of everything that decides the rest of a run, verified on the way back in.
+
+Orbax keeps no checksum: a flipped byte restores "successfully" as a wrong tensor, and a truncated
+or missing file makes a restore fail with no fallback. So each checkpoint carries a fingerprint of
+its state, checked after every restore, and the newest checkpoint that restores and verifies wins.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from mlp import steps
+from mlp.errors import UserError
+
+STATE, META = 'state', 'meta'
+# Config fields a resumed run may change: how long to train (num_epochs also stretches a cosine
+# schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers.
+FREE_FIELDS = frozenset({
+    'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
+    'max_checkpoints_to_keep', 'parallel', 'data.source', 'data.dir', 'data.tfds_data_dir',
+    'data.eval_split'})
+DAMAGED_PREFIX = 'damaged-epoch-'
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """A verified checkpoint: the host state and run key to continue from, and what was passed over."""
+  epoch: int
+  state: steps.TrainState
+  rng: jax.Array
+  damaged: tuple[tuple[int, str], ...]  # (epoch, why) of each newer checkpoint that failed.
+  seconds: float
+
+
+def saved_tree(state: steps.TrainState, rng: jax.Array) -> dict[str, Any]:
+  """What a checkpoint holds: with the data order a function of (seed, epoch), nothing else is needed."""
+  return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state,
+          'rng': np.asarray(jax.random.key_data(rng))}
+
+
+def fingerprint(tree: Any) -> str:
+  """SHA-256 over every leaf's path, dtype, shape and bytes: any changed value changes it."""
+  digest = hashlib.sha256()
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    array = np.ascontiguousarray(leaf)
+    digest.update(f'{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape};'.encode())
+    digest.update(array.tobytes())
+  return digest.hexdigest()
+
+
+def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Dotted field names to JSON values, the form stored with each checkpoint."""
+
+  def walk(tree: dict, prefix: str):
+    for name, value in tree.items():
+      if isinstance(value, dict):
+        yield from walk(value, f'{prefix}{name}.')
+      else:
+        yield f'{prefix}{name}', value
+
+  return json.loads(json.dumps(dict(walk(config.to_dict(), ''))))
+
+
+def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+  """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
+  absent = object()
+  return [name for name in sorted((saved.keys() | current.keys()) - FREE_FIELDS)
+          if saved.get(name, absent) != current.get(name, absent)]
+
+
+def _show(value: Any) -> str:
+  """A stored value as the user writes it in a flag: lists back to tuples."""
+  return repr(tuple(value)) if isinstance(value, list) else repr(value)
+
+
+def _why(error: Exception) -> str:
+  lines = str(error).strip().splitlines() or ['']
+  return f'{type(error).__name__}: {lines[0][:160]}'
+
+
+def _from_abandoned_read(unraisable: Any) -> bool:
+  """Leftovers of a failed orbax read: its other array reads, finishing into a closed event loop."""
+  code = getattr(unraisable.object, 'cr_code', None)
+  return ((isinstance(unraisable.exc_value, RuntimeError)
+           and str(unraisable.exc_value) == 'Event loop is closed')
+          or (code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename))
+
+
+def _unretrieved_orbax_task(record: logging.LogRecord) -> bool:
+  """False for asyncio's 'Task exception was never retrieved' report of an abandoned orbax read."""
+  if not record.getMessage().startswith('Task exception was never retrieved'):
+    return True
+  frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
+  return not any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames)
+
+
+def _mute_abandoned_reads() -> None:
+  """Silences the tracebacks a failed restore prints later, after it was reported as one warning.
+
+  When one array of a restore fails, orbax abandons the others; they end in an event loop already
+  closed, and Python reports each as an ignored exception or an unretrieved task.
+  """
+  if not getattr(sys.unraisablehook, 'mutes_orbax', False):
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+      if not _from_abandoned_read(unraisable):
+        previous(unraisable)
+
+    hook.mutes_orbax = True
+    sys.unraisablehook = hook
+  asyncio_logger = logging.getLogger('asyncio')
+  if _unretrieved_orbax_task not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_unretrieved_orbax_task)
+
+
+class Checkpoints:
+  """The run directory's checkpoints, one folder per saved epoch: asynchronous saves, verified restores.
+
+  Every process of a multi-process run must make the same calls: orbax coordinates the writes.
+  """
+
+  def __init__(self, directory: str, config: ml_collections.ConfigDict, *, read_only: bool = False):
+    self.directory = os.path.abspath(directory)
+    self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
+    self._config = flat_config(config)
+    # read_only: no folder created, no half-written save cleaned up (it may be a live run's).
+    # (Orbax's own read_only option warns on every use, so it is left off: nothing here saves.)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=config.max_checkpoints_to_keep, create=not read_only,
+        cleanup_tmp_directories=not read_only, enable_async_checkpointing=True)
+    self._manager = ocp.CheckpointManager(self.directory, item_names=(STATE, META), options=options)
+
+  def __enter__(self) -> 'Checkpoints':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def epochs(self) -> list[int]:
+    """The epochs with a complete checkpoint, oldest first."""
+    return sorted(self._manager.all_steps())
+
+  def save(self, epoch: int, state: steps.TrainState, rng: jax.Array) -> None:
+    """Starts writing `state`, a host copy, as epoch `epoch`; returns before the disk is done."""
+    start = time.perf_counter()
+    tree = saved_tree(state, rng)
+    meta = {'epoch': epoch, 'fingerprint': fingerprint(tree), 'config': self._config}
+    self._manager.save(epoch, force=True, args=ocp.args.Composite(
+        **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(meta)}))
+    self.save_pauses.append(time.perf_counter() - start)
+
+  def restore(self, template: steps.TrainState, rng: jax.Array) -> Restored | None:
+    """The newest checkpoint that restores and matches its fingerprint; None when there is none.
+
+    `template` is a host state of the config's model and optimizer, giving the shapes to restore.
+    Raises UserError when the checkpoints come from another config, or when every one is damaged.
+    """
+    start = time.perf_counter()
+    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, saved_tree(template, rng))
+    damaged = []
+    for epoch in reversed(self.epochs()):
+      try:
+        meta = self._manager.restore(epoch, args=ocp.args.Composite(
+            **{META: ocp.args.JsonRestore()}))[META]
+        saved_fingerprint, saved_config = meta['fingerprint'], meta['config']
+      except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+        damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+        continue
+      self._check_config(saved_config, epoch)
+      try:
+        tree = self._manager.restore(epoch, args=ocp.args.Composite(
+            **{STATE: ocp.args.StandardRestore(target)}))[STATE]
+      except Exception as error:  # pylint: disable=broad-except
+        _mute_abandoned_reads()
+        damaged.append((epoch, f'its state cannot be read ({_why(error)})'))
+        continue
+      if fingerprint(tree) != saved_fingerprint:
+        damaged.append((epoch, 'its state differs from the fingerprint saved with it'))
+        continue
+      state = template.replace(step=tree['step'], params=tree['params'],
+                               opt_state=tree['opt_state'])
+      return Restored(epoch, state, jax.random.wrap_key_data(tree['rng']), tuple(damaged),
+                      time.perf_counter() - start)
+    if damaged:
+      reasons = '; '.join(f'epoch {epoch}: {why}' for epoch, why in damaged)
+      raise UserError(f'no checkpoint in {self.directory} can be restored ({reasons}); copy good '
+                      'ones back from a backup, or move the numbered folders away to start over')
+    return None
+
+  def set_aside(self, epochs: list[int]) -> list[str]:
+    """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.
+
+    Their epochs can then be saved again. Process 0 renames, the others wait for it.
+    """
+    moved = []
+    for epoch in epochs:
+      target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}')
+      suffix = 1
+      while os.path.exists(target):
+        suffix += 1
+        target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}.{suffix}')
+      if jax.process_index() == 0:
+        os.rename(os.path.join(self.directory, str(epoch)), target)
+      moved.append(target)
+    if epochs:
+      ocp.multihost.sync_global_processes('checkpoints_set_aside')
+      self._manager.reload()
+    return moved
+
+  def wait(self) -> None:
+    """Returns once every save started is complete on disk."""
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.wait()
+    self._manager.close()
+
+  def _check_config(self, saved: dict[str, Any], epoch: int) -> None:
+    names = config_mismatches(saved, self._config)
+    if names:
+      then = ', '.join(f'{name}={_show(saved.get(name))}' for name in names)
+      now = ', '.join(f'{name}={_show(self._config.get(name))}' for name in names)
+      raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} was saved with {then}, '
+                      f'but this run has {now}; rerun with the checkpoint\'s values to resume it, '
+                      'or pass a new --workdir to start another run')

@@ -1,0 +1,349 @@
+"""Checkpoints: exact resume after a stop, SIGTERM or SIGKILL, damaged checkpoints, mismatches, NaN."""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from mlp import config_checks
+from mlp import steps
+from mlp import trainer
+from mlp.checkpoint import DAMAGED_PREFIX, Checkpoints
+from mlp.errors import UserError
+from mlp.preemption import Preempted, StopRequest
+from mlp.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
+from tests.conftest import ROOT, make_config, override_flags, run_train
+from tests.test_trainer import read_metrics, without_timings
+
+CONFIG = '--config=configs/default.py'
+# In-process runs: 2,000 training images, 3 epochs; dropout stays on, so its keys must resume too.
+SMALL = dict(num_epochs=3, data__train_split='test[:2000]')
+# Runs that get a signal: 8,000 images, so an epoch lasts long enough to be caught in the middle.
+LONG = dict(num_epochs=4)
+
+
+def run_dir(tmp_path_factory, name: str, **overrides) -> str:
+  """An uninterrupted run of the overrides' config, the reference the other runs must match."""
+  workdir = tmp_path_factory.mktemp(name)
+  trainer.train_and_evaluate(make_config(**overrides), str(workdir))
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def small_run(tmp_path_factory, mnist_dir):
+  return run_dir(tmp_path_factory, 'small', **SMALL)
+
+
+@pytest.fixture(scope='module')
+def long_run(tmp_path_factory, mnist_dir):
+  return run_dir(tmp_path_factory, 'long', **LONG)
+
+
+@pytest.fixture
+def small_copy(small_run, tmp_path):
+  """A copy of the reference run to resume, damage or evaluate."""
+  return shutil.copytree(small_run, tmp_path / 'run')
+
+
+def restore(workdir, config):
+  """The newest good checkpoint of a run directory, read without touching it."""
+  template = jax.device_get(jax.device_put(steps.create_train_state(config, jax.random.key(0), 1)))
+  with Checkpoints(str(workdir), config, read_only=True) as checkpoints:
+    return checkpoints.restore(template, jax.random.key(0))
+
+
+def assert_same_params(workdir, reference, config):
+  """Bit-identical parameters and optimizer state in the two runs' newest checkpoints."""
+  ours, theirs = restore(workdir, config), restore(reference, config)
+  assert ours.epoch == theirs.epoch
+  leaves = jax.tree.leaves((ours.state.params, ours.state.opt_state, ours.state.step))
+  expected = jax.tree.leaves((theirs.state.params, theirs.state.opt_state, theirs.state.step))
+  assert len(leaves) == len(expected) > 0
+  assert all(np.array_equal(a, b) for a, b in zip(leaves, expected))
+
+
+def saved_epochs(workdir) -> list[int]:
+  return sorted(int(p.name) for p in workdir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+def snapshot(folder) -> dict[str, str]:
+  """Every file under `folder` and a hash of its bytes: what 'nothing changed' is checked against."""
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def stop_after(epochs: int):
+  """A should_stop that asks to stop, as a SIGTERM would, once `epochs` epochs have ended."""
+  calls = []
+
+  def should_stop():
+    calls.append(None)
+    return 'SIGTERM' if len(calls) >= epochs else None
+
+  return should_stop
+
+
+def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
+    small_run, tmp_path, capsys):
+  config = make_config(**SMALL)
+  with pytest.raises(Preempted) as stopped:
+    trainer.train_and_evaluate(config, str(tmp_path), should_stop=stop_after(1))
+  assert 'after epoch 1' in str(stopped.value) and 'rerun the same command' in str(stopped.value)
+  assert stopped.value.exit_status == 128 + signal.SIGTERM
+  assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
+
+  trainer.train_and_evaluate(config, str(tmp_path))
+  assert 'resumed from epoch 1' in capsys.readouterr().out
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
+  assert_same_params(tmp_path, small_run, config)
+  assert_tensorboard_matches_metrics(tmp_path)
+
+
+def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, small_copy, capsys):
+  before = snapshot(small_copy)
+  record = trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  assert record == read_metrics(small_run)[-1]
+  assert 'nothing to train' in capsys.readouterr().out
+  assert {k: v for k, v in snapshot(small_copy).items() if 'tfevents' not in k} == {
+      k: v for k, v in before.items() if 'tfevents' not in k}
+
+  # Three more epochs, a checkpoint every 2 and the last, keeping 2: saves 4 and 6, drops 1 to 3.
+  more = make_config(**{**SMALL, 'num_epochs': 6}, checkpoint_every_epochs=2,
+                     max_checkpoints_to_keep=2)
+  trainer.train_and_evaluate(more, str(small_copy))
+  records = read_metrics(small_copy)
+  assert [r['epoch'] for r in records] == [1, 2, 3, 4, 5, 6]
+  assert records[:3] == read_metrics(small_run)
+  assert records[5]['train_loss'] < records[2]['train_loss']
+  assert saved_epochs(small_copy) == [4, 6]
+
+
+def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):
+  (small_copy / METRICS_FILE).unlink()
+  record = trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  final = read_metrics(small_run)[-1]
+  assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
+      3, final['eval_loss'], final['eval_accuracy'])
+  assert saved_epochs(small_copy) == [1, 2, 3]
+
+
+def truncate(path):
+  path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+
+
+def flip_byte(path):
+  data = bytearray(path.read_bytes())
+  data[len(data) // 2] ^= 0x01
+  path.write_bytes(bytes(data))
+
+
+def largest_file(folder):
+  return max((p for p in folder.rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def assert_tensorboard_matches_metrics(workdir):
+  """TensorBoard shows each epoch once, with metrics.jsonl's values, after purging orphaned steps."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(workdir))
+  events.Reload()
+  scalars = [(event.step, event.value) for event in events.Scalars('eval/accuracy')]
+  records = read_metrics(workdir)
+  assert [step for step, _ in scalars] == [r['epoch'] for r in records]
+  np.testing.assert_allclose([v for _, v in scalars], [r['eval_accuracy'] for r in records],
+                             rtol=1e-6)
+
+
+# How each damage is done to a checkpoint folder, what the warning must say about it, and whether
+# the rerun is train.py itself (the failed read of a truncated file used to print tracebacks at
+# exit) or, faster, in-process.
+DAMAGE = {
+    'truncated data file': (lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read',
+                            True),
+    'one flipped byte': (lambda ckpt: flip_byte(largest_file(ckpt / 'state')), 'fingerprint',
+                         False),
+    'deleted metadata': (lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read',
+                         False),
+}
+
+
+@pytest.mark.parametrize('damage', DAMAGE)
+def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(damage, small_run,
+                                                                           small_copy, capfd):
+  damage_fn, why, with_train_py = DAMAGE[damage]
+  damage_fn(small_copy / '3')
+  if with_train_py:
+    out = run_train(CONFIG, f'--workdir={small_copy}', *override_flags(**SMALL))
+    assert out.returncode == 0, out.stderr
+    stdout, stderr = out.stdout, out.stderr
+  else:
+    trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+    stdout, stderr = capfd.readouterr()
+  warnings = stderr.strip().splitlines()
+  assert len(warnings) == 1, stderr  # One line: no traceback from the failed read either.
+  assert warnings[0].startswith('warning: the checkpoint of epoch 3 is damaged') and why in warnings[0]
+  assert 'fell back to epoch 2' in warnings[0]
+  assert 'resumed from epoch 2' in stdout
+  assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
+  assert_same_params(small_copy, small_run, make_config(**SMALL))
+  assert_tensorboard_matches_metrics(small_copy)  # Epoch 3 was recorded twice, and shows once.
+  assert (small_copy / f'{DAMAGED_PREFIX}3').is_dir()  # Kept for inspection, not deleted.
+
+
+def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
+  # What a kill during a save leaves: orbax's temporary folder, renamed only once complete.
+  partial = shutil.copytree(small_copy / '3', small_copy / '4.orbax-checkpoint-tmp')
+  truncate(largest_file(partial / 'state'))
+  (partial / 'state' / '_METADATA').unlink()
+  trainer.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), str(small_copy))
+  assert 'resumed from epoch 3' in capsys.readouterr().out
+  assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
+  assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
+
+
+def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):
+  for epoch in saved_epochs(small_copy):
+    truncate(largest_file(small_copy / str(epoch) / 'state'))
+  before = snapshot(small_copy)
+  with pytest.raises(UserError, match='no checkpoint in .* can be restored') as error:
+    trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  assert all(f'epoch {epoch}' in str(error.value) for epoch in (1, 2, 3))
+  assert snapshot(small_copy) == before
+
+
+def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields(small_copy):
+  before = snapshot(small_copy)
+  other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd')
+  with pytest.raises(UserError) as error:
+    trainer.train_and_evaluate(other, str(small_copy))
+  message = str(error.value)
+  assert 'model.hidden_sizes=(512, 512)' in message and 'model.hidden_sizes=(64,)' in message
+  assert "optimizer='adamw'" in message and "optimizer='sgd'" in message
+  assert 'learning_rate' not in message and '--workdir' in message
+  assert snapshot(small_copy) == before
+
+
+def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path):
+  # Plain SGD warming up to a learning rate far too high: finite at first, then it diverges.
+  config = make_config(num_epochs=4, data__train_split='test[:2000]', model__hidden_sizes=(64,),
+                       model__dropout_rate=0.0, optimizer='sgd', schedule='constant',
+                       warmup_epochs=4.0, learning_rate=4000.0)
+  with pytest.raises(UserError) as error:
+    trainer.train_and_evaluate(config, str(tmp_path))
+  bad_epoch = int(re.search(r'loss is (nan|inf) in epoch (\d)', str(error.value)).group(2))
+  assert bad_epoch >= 2  # Otherwise nothing good was saved before it and this proves little.
+  assert f'newest checkpoint: epoch {bad_epoch - 1}' in str(error.value)
+  assert saved_epochs(tmp_path) == list(range(1, bad_epoch))
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, bad_epoch))
+  newest = restore(tmp_path, config)
+  assert newest.epoch == bad_epoch - 1
+  assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(newest.state.params))
+
+
+def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, small_copy, tmp_path):
+  before = snapshot(small_copy)
+  record = trainer.train_and_evaluate(make_config(**SMALL, eval_only=True), str(small_copy))
+  final = read_metrics(small_run)[-1]
+  assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
+      3, final['eval_loss'], final['eval_accuracy'])
+  lines = (small_copy / EVAL_FILE).read_text().splitlines()
+  assert [json.loads(line) for line in lines] == [record]
+  assert {k: v for k, v in snapshot(small_copy).items() if k != EVAL_FILE} == before
+
+  other_split = trainer.train_and_evaluate(
+      make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'), str(small_copy))
+  assert other_split['eval_split'] == 'test[:1000]'
+  assert other_split['eval_accuracy'] != record['eval_accuracy']
+
+  with pytest.raises(UserError, match='no checkpoint in .* to evaluate'):
+    trainer.train_and_evaluate(make_config(**SMALL, eval_only=True), str(tmp_path / 'none'))
+  assert not (tmp_path / 'none').exists()
+
+
+def start_train(workdir, **overrides) -> subprocess.Popen:
+  return subprocess.Popen(
+      [sys.executable, 'train.py', CONFIG, f'--workdir={workdir}', *override_flags(**overrides)],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None:
+  deadline = time.monotonic() + timeout
+  while not condition():
+    if process.poll() is not None:
+      pytest.fail(f'train.py ended early: {process.communicate()[1]}')
+    if time.monotonic() > deadline:
+      process.kill()
+      pytest.fail('train.py did not get there in time')
+    time.sleep(0.01)
+
+
+def recorded(workdir, epoch: int) -> bool:
+  return any(r['epoch'] == epoch for r in read_records(str(workdir)))
+
+
+def test_sigkill_in_the_middle_of_an_epoch_then_rerun_ends_with_the_same_numbers(long_run,
+                                                                                 tmp_path):
+  process = start_train(tmp_path, **LONG)
+  wait_for(lambda: recorded(tmp_path, 2) and (tmp_path / '2').is_dir(), process)
+  epoch_seconds = [r for r in read_records(str(tmp_path)) if r['epoch'] == 2][0]['epoch_seconds']
+  time.sleep(epoch_seconds / 2)  # Into epoch 3, which is running while checkpoint 2 is on disk.
+  process.kill()
+  process.communicate()
+  assert 2 in saved_epochs(tmp_path) and len(read_records(str(tmp_path))) < LONG["num_epochs"]
+
+  out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(**LONG))
+  assert out.returncode == 0, out.stderr
+  assert 'resumed from epoch' in out.stdout
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(long_run))
+  assert_same_params(tmp_path, long_run, make_config(**LONG))
+  assert_tensorboard_matches_metrics(tmp_path)
+
+
+def test_sigterm_saves_exits_with_a_resume_hint_and_the_rerun_ends_exactly(long_run, tmp_path):
+  process = start_train(tmp_path, **LONG)
+  wait_for(lambda: recorded(tmp_path, 1), process)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 128 + signal.SIGTERM, stderr
+  lines = stderr.strip().splitlines()
+  assert len(lines) == 1 and 'stopped by SIGTERM after epoch' in lines[0], stderr
+  assert 'rerun the same command to resume' in lines[0]
+  stopped_at = len(read_metrics(tmp_path))
+  assert stopped_at < LONG['num_epochs'] and saved_epochs(tmp_path)[-1] == stopped_at
+
+  out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(**LONG))
+  assert out.returncode == 0, out.stderr
+  assert f'resumed from epoch {stopped_at}' in out.stdout and not out.stderr
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(long_run))
+
+
+def test_a_signal_is_recorded_not_fatal_and_a_second_ctrl_c_interrupts():
+  previous = signal.getsignal(signal.SIGTERM)
+  with StopRequest() as stop_request:
+    assert stop_request() is None
+    os.kill(os.getpid(), signal.SIGINT)
+    assert stop_request() == 'SIGINT'
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+  assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_metrics_past_the_restored_epoch_and_torn_lines_are_dropped(tmp_path):
+  lines = [json.dumps({'epoch': e, 'eval_loss': e / 10}) for e in (1, 2, 3)] + ['{"epoch": 4, "ev']
+  (tmp_path / METRICS_FILE).write_text('\n'.join(lines))
+  keep_records_through(str(tmp_path), 2)
+  assert read_metrics(tmp_path) == [{'epoch': 1, 'eval_loss': 0.1}, {'epoch': 2, 'eval_loss': 0.2}]
+
+
+@pytest.mark.parametrize('name', ['checkpoint_every_epochs', 'max_checkpoints_to_keep'])
+def test_checkpoint_settings_must_be_positive(name):
+  with pytest.raises(UserError, match=f'{name} must be a positive integer, got 0'):
+    config_checks.validate(make_config(**{name: 0}))
