@@ -16,6 +16,18 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
     '(default: checkpoints/<config file name>).')
+# A multi-process run: the same command on every process, named as jax.distributed.initialize's
+# arguments. None of them on a single machine; only --distributed on a TPU pod slice.
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'HOST:PORT of process 0, which every process connects to.')
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None, 'How many processes the run has.', lower_bound=1)
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None, 'This process: 0 to num_processes - 1; process 0 writes the outputs.',
+    lower_bound=0)
+_DISTRIBUTED = flags.DEFINE_bool(
+    'distributed', False, 'Join a multi-process run whose settings JAX detects itself (TPU pod '
+    'slice, Slurm, Open MPI); implied by any of the three flags above.')
 
 
 def _fail(message: str, status: int) -> None:
@@ -37,6 +49,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
     rest = flags.FLAGS(argv)
+    if flags.FLAGS['verbosity'].using_default_value:
+      flags.FLAGS.verbosity = -1  # Pinned: absl.app raises an unset verbosity to info after parsing.
     config = _CONFIG.value
     if config is not None:
       config.keys()  # A config file that failed to load raises on first use: make that use here.
@@ -65,8 +79,12 @@ def default_workdir() -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  from mlp import trainer  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  from mlp import distributed  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
   try:
+    # Before anything imports the trainer and touches JAX: initialize refuses after that.
+    distributed.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                     detect=_DISTRIBUTED.value)
+    from mlp import trainer  # pylint: disable=g-import-not-at-top
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir())
   except UserError as error:
     _fail(str(error), 1)

@@ -32,16 +32,24 @@ def format_line(record: dict[str, float], num_epochs: int, eta_seconds: float) -
 
 
 class Reporter:
-  """Writes each epoch's record; process-local and append-only, so a rerun extends the same files."""
+  """Writes each epoch's record; append-only, so a rerun extends the same files.
 
-  def __init__(self, workdir: str, num_epochs: int, stream: TextIO | None = None):
+  In a multi-process run only process 0 reports (`enabled`): the others compute the same records
+  and write nothing, so there is one set of files and one log.
+  """
+
+  def __init__(self, workdir: str, num_epochs: int, stream: TextIO | None = None,
+               enabled: bool = True):
     self._workdir = workdir
     self._num_epochs = num_epochs
     self._stream = stream or sys.stdout
-    self._writer = SummaryWriter(workdir)
+    self._enabled = enabled
+    self._writer = SummaryWriter(workdir) if enabled else None
     self._seconds: list[float] = []
 
   def write(self, record: dict[str, float]) -> None:
+    if not self._enabled:
+      return
     with open(os.path.join(self._workdir, METRICS_FILE), 'a', encoding='utf-8') as f:
       f.write(json.dumps(record) + '\n')
     for name, value in record.items():
@@ -54,7 +62,9 @@ class Reporter:
     print(format_line(record, self._num_epochs, eta), file=self._stream, flush=True)
 
   def log(self, message: str) -> None:
-    print(message, file=self._stream, flush=True)
+    if self._enabled:
+      print(message, file=self._stream, flush=True)
 
   def close(self) -> None:
-    self._writer.close()
+    if self._writer is not None:
+      self._writer.close()

@@ -16,25 +16,26 @@ from mlp.reporting import Reporter
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains for `config.num_epochs` epochs, evaluating after each; returns the last epoch's record."""
   config_checks.validate(config)
+  executor = parallel.make_executor(config)  # Checks the devices against the config.
   train_examples = load_split(config.data, config.data.train_split)
   eval_examples = load_split(config.data, config.data.eval_split)
-  os.makedirs(workdir, exist_ok=True)
+  primary = jax.process_index() == 0  # Only process 0 of a multi-process run writes files and logs.
+  if primary:
+    os.makedirs(workdir, exist_ok=True)
 
   steps_per_epoch = len(train_examples) // config.batch_size
   seed_key = jax.random.key(config.seed)
   init_key, run_key = jax.random.split(seed_key)
-  executor = parallel.make_executor(config)
   state = executor.put_state(steps.create_train_state(config, init_key, steps_per_epoch))
   train_data = executor.put_data(train_examples)
   eval_data = executor.put_data(eval_examples)
 
   compile_start = time.perf_counter()
   executor.compile(state, train_data, eval_data, run_key)
-  reporter = Reporter(workdir, config.num_epochs)
+  reporter = Reporter(workdir, config.num_epochs, enabled=primary)
   reporter.log(f'training on {len(train_examples):,} images ({config.data.train_split}), '
                f'evaluating on {len(eval_examples):,} ({config.data.eval_split}); '
-               f'{steps_per_epoch} steps of {config.batch_size} per epoch on '
-               f'{jax.device_count()} {jax.default_backend()} device(s); '
+               f'{steps_per_epoch} steps of {config.batch_size} per epoch, {executor.placement}; '
                f'compiled in {time.perf_counter() - compile_start:.1f}s')
   record: dict[str, float] = {}
   try:
