@@ -1,8 +1,10 @@
 """Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE ...]`."""
 
+import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 
 from absl import app
 from absl import flags
@@ -27,12 +29,15 @@ _PROCESS_ID = flags.DEFINE_integer(
     lower_bound=0)
 _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', False, 'Join a multi-process run whose settings JAX detects itself (TPU pod '
-    'slice, Slurm, Open MPI); implied by any of the three flags above.')
+    'slice, Slurm, Open MPI); implied by --coordinator_address, --num_processes or --process_id.')
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    'initialization_timeout', 300, 'Seconds to wait for every process to join before giving up.',
+    lower_bound=1)
 
 
-def _fail(message: str, status: int) -> None:
+def _fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:
   print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
-  sys.exit(status)
+  exit_now(status)
 
 
 def _unknown_field(error: Exception) -> str:
@@ -83,7 +88,9 @@ def main(argv: list[str]) -> None:
   try:
     # Before anything imports the trainer and touches JAX: initialize refuses after that.
     distributed.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                     detect=_DISTRIBUTED.value)
+                     detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
+                     # From a watchdog thread, where sys.exit would end only the thread.
+                     give_up=functools.partial(_fail, status=1, exit_now=os._exit))
     from mlp import trainer  # pylint: disable=g-import-not-at-top
     trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir())
   except UserError as error:

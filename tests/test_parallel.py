@@ -17,11 +17,10 @@ from mlp import parallel
 from mlp.errors import UserError
 from mlp.reporting import METRICS_FILE
 from tests.conftest import ROOT, assert_fails_cleanly, make_config, override_flags, run_train
+from tests.pmap_probe import SETTINGS
 
 CONFIG = '--config=configs/default.py'
-# Dropout off, so any device count computes the same function; 32 steps of 128 and 2,000 to score.
-SETTINGS = dict(num_epochs=2, model__dropout_rate=0.0, data__train_split='test[:4096]')
-TRAIN_COUNT, EVAL_COUNT = 4096, 2000
+TRAIN_COUNT, EVAL_COUNT = 4096, 2000  # Images trained on per epoch and scored, under SETTINGS.
 
 
 def on_devices(count: int) -> dict[str, str]:
@@ -68,7 +67,7 @@ def test_replicated_state_leaves_as_one_copy_and_counts_each_example_once(probe)
   assert state['replicated_shapes'] == [[8] + shape for shape in state['initial_shapes']]
   assert state['round_trip_is_initial']
   assert state['host_shapes'] == state['initial_shapes']  # Saved state: one copy, not 8.
-  assert state['host_step'] == TRAIN_COUNT // 128
+  assert state['host_step'] == TRAIN_COUNT // SETTINGS['batch_size']
   assert state['train_sums']['count'] == TRAIN_COUNT  # Summed over devices once, not 8 times.
   assert state['eval_sums']['count'] == EVAL_COUNT
   assert 0 < state['eval_sums']['correct'] <= EVAL_COUNT
@@ -157,10 +156,14 @@ BAD_LAUNCHES = {
     'a coordinator address without a port': (
         [CONFIG, '--coordinator_address=localhost', '--num_processes=2', '--process_id=0'], 1,
         "--coordinator_address='localhost' is not HOST:PORT"),
+    'a peer that never starts': (
+        [CONFIG, '--coordinator_address=127.0.0.1:{port}', '--num_processes=2', '--process_id=0',
+         '--initialization_timeout=2'], 1, 'not every process joined the run within 2s'),
 }
 
 
 @pytest.mark.parametrize('case', BAD_LAUNCHES)
 def test_bad_launch_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_dir):
   args, devices, expected = BAD_LAUNCHES[case]
+  args = [arg.replace('{port}', str(free_port())) for arg in args]
   assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
