@@ -5,13 +5,14 @@ import socket
 
 import numpy as np
 
+from data.idx import FILES
 from mlp.errors import UserError
 
 # Where TFDS downloads MNIST from (tensorflow_datasets/image_classification/mnist.py).
 DOWNLOAD_HOST = ('storage.googleapis.com', 443)
 
-OFFLINE_HELP = ('to train offline, either put the four canonical files (train-images-idx3-ubyte.gz, '
-                'train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz) '
+CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
+OFFLINE_HELP = (f'to train offline, either put the four canonical files ({", ".join(CANONICAL_FILES)}) '
                 'in a folder and pass --config.data.dir=FOLDER (TFDS prepares MNIST from them), or '
                 'read them directly with --config.data.source=idx --config.data.dir=FOLDER')
 
@@ -25,6 +26,15 @@ def can_reach(address: tuple[str, int] = DOWNLOAD_HOST, timeout: float = 5.0) ->
     return False
 
 
+def _check_manual_dir(folder: str) -> None:
+  """All four files must be there: TFDS would otherwise try to download the missing ones."""
+  if not os.path.isdir(folder):
+    raise UserError(f'data folder {folder} does not exist; {OFFLINE_HELP}')
+  missing = [name for name in CANONICAL_FILES if not os.path.isfile(os.path.join(folder, name))]
+  if missing:
+    raise UserError(f'data folder {folder} lacks {", ".join(missing)}; {OFFLINE_HELP}')
+
+
 def load_tfds(split: str, manual_dir: str = '', data_dir: str = '') -> tuple[np.ndarray, np.ndarray]:
   """Returns (images uint8 [N, 28, 28], labels int32 [N]) of an MNIST split prepared by TFDS."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -32,8 +42,8 @@ def load_tfds(split: str, manual_dir: str = '', data_dir: str = '') -> tuple[np.
 
   builder = tfds.builder('mnist', data_dir=data_dir or None)
   if not builder.is_prepared():
-    if manual_dir and not os.path.isdir(os.path.expanduser(manual_dir)):
-      raise UserError(f'data folder {manual_dir} does not exist; {OFFLINE_HELP}')
+    if manual_dir:
+      _check_manual_dir(os.path.expanduser(manual_dir))
     if not manual_dir and not can_reach():
       raise UserError(f'MNIST is not prepared and {DOWNLOAD_HOST[0]} cannot be reached; '
                       f'{OFFLINE_HELP}')

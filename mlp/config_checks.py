@@ -45,6 +45,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if not 0 <= config.model.dropout_rate < 1:
     raise UserError(f'model.dropout_rate must be in [0, 1), got {config.model.dropout_rate!r}')
   check_source(config.data.source)
+  shift = config.data.max_shift
+  if isinstance(shift, bool) or not isinstance(shift, numbers.Integral) or not 0 <= shift <= 8:
+    raise UserError(f'data.max_shift must be an integer from 0 to 8 pixels, got {shift!r}')
   train_size = parse_split(config.data.train_split).size
   parse_split(config.data.eval_split)
   if config.batch_size > train_size:

@@ -17,7 +17,7 @@ def _total(sums: steps.Metrics, axis_name: str | None) -> steps.Metrics:
 
 
 def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
-                epoch: jax.Array, *, batch_size: int, num_shards: int = 1,
+                epoch: jax.Array, *, batch_size: int, max_shift: int = 0, num_shards: int = 1,
                 axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
   """Trains on one epoch of the resident data; returns the new state and the epoch's metric sums.
 
@@ -26,12 +26,15 @@ def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, s
   """
   shard = _shard_index(axis_name)
   order_key, dropout_key = jax.random.split(seed_key)
+  shift_key = jax.random.fold_in(seed_key, 2)
   order = batches.epoch_permutation(order_key, epoch, images.shape[0])
   step_indices = batches.shard_steps(order, batch_size, num_shards, shard)
 
   def body(state, indices):
     rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), shard)
-    return steps.train_step(state, batches.gather(images, labels, indices), rng, axis_name)
+    offsets = batches.shift_offsets(shift_key, epoch, indices, max_shift) if max_shift else None
+    batch = batches.gather(images, labels, indices, offsets, max_shift)
+    return steps.train_step(state, batch, rng, axis_name)
 
   state, sums = jax.lax.scan(body, state, step_indices)
   return state, _total(sums, axis_name)

@@ -19,6 +19,13 @@ AXIS = 'devices'  # The pmap axis that gradients are averaged and metric sums ad
 DeviceData = tuple[jax.Array, jax.Array]
 
 
+def _epoch_functions(config: ml_collections.ConfigDict, **shards) -> tuple[Any, Any]:
+  """train_epoch and evaluate with the config's static settings bound, for jit or pmap to wrap."""
+  return (functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size,
+                            max_shift=config.data.max_shift, **shards),
+          functools.partial(epoch_lib.evaluate, batch_size=config.eval_batch_size, **shards))
+
+
 class Executor(abc.ABC):
   """The trainer's one view of the hardware; state moves between host and devices only through it."""
   num_shards: int
@@ -60,9 +67,9 @@ class JitExecutor(Executor):
   num_shards = 1
 
   def __init__(self, config: ml_collections.ConfigDict):
-    self._train = jax.jit(functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size),
-                          donate_argnums=0)
-    self._eval = jax.jit(functools.partial(epoch_lib.evaluate, batch_size=config.eval_batch_size))
+    train, evaluate = _epoch_functions(config)
+    self._train = jax.jit(train, donate_argnums=0)
+    self._eval = jax.jit(evaluate)
     self.placement = f'jit on 1 {jax.default_backend()} device'
 
   def compile(self, state: steps.TrainState, train_data: DeviceData, eval_data: DeviceData,
@@ -92,12 +99,9 @@ class PmapExecutor(Executor):
     self.num_shards = jax.device_count()
     devices = jax.local_devices()
     self._sharding = jax.NamedSharding(jax.sharding.Mesh(np.array(devices), (AXIS,)), jax.P(AXIS))
-    shards = dict(num_shards=self.num_shards, axis_name=AXIS)
-    self._train = jax.pmap(
-        functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size, **shards),
-        AXIS, in_axes=(0, 0, 0, None, None), donate_argnums=0)
-    self._eval = jax.pmap(
-        functools.partial(epoch_lib.evaluate, batch_size=config.eval_batch_size, **shards), AXIS)
+    train, evaluate = _epoch_functions(config, num_shards=self.num_shards, axis_name=AXIS)
+    self._train = jax.pmap(train, AXIS, in_axes=(0, 0, 0, None, None), donate_argnums=0)
+    self._eval = jax.pmap(evaluate, AXIS)
     processes = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
     self.placement = (f'pmap over {self.num_shards} {jax.default_backend()} devices{processes}, '
                       f'{config.batch_size // self.num_shards} per device per step')

@@ -39,6 +39,7 @@ BAD_INPUTS = {
     'unknown optimizer': ([CONFIG, '--config.optimizer=rmsprop'], "unknown optimizer 'rmsprop'"),
     'unknown source': ([CONFIG, '--config.data.source=csv'], "unknown data.source 'csv'"),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)], 'batch_size must be a positive'),
+    'shift out of range': ([CONFIG, *override_flags(data__max_shift=30)], 'data.max_shift must be'),
     'negative epochs': ([CONFIG, *override_flags(num_epochs=-1)], 'num_epochs must be a positive'),
     'batch larger than the split': ([CONFIG, *override_flags(batch_size=8001)],
                                     'larger than the training split'),

@@ -91,3 +91,29 @@ def test_eval_plan_scores_every_example_once():
     plans = [batches.eval_steps(1999, 1000, shards, jnp.int32(k)) for k in range(shards)]
     indices = np.concatenate([np.asarray(i)[np.asarray(m)] for i, m in plans])
     assert sorted(indices.tolist()) == list(range(1999))
+
+
+def test_shift_translates_images_and_fills_with_background():
+  image = np.zeros((28, 28), np.uint8)
+  image[10, 12] = 255
+  images = jnp.asarray(np.stack([image, image]).reshape(2, 784))
+  labels = jnp.array([3, 4], jnp.int32)
+  # Offsets are (dy, dx) + max_shift: the first image moves down 2 and left 1, the second stays.
+  offsets = jnp.array([[0, 3], [2, 2]])
+  batch = batches.gather(images, labels, jnp.array([0, 1]), offsets, max_shift=2)
+  pixels = np.asarray(batch['image']).reshape(2, 28, 28) * batches.PIXEL_STD + batches.PIXEL_MEAN
+  assert np.unravel_index(np.argmax(pixels[0]), (28, 28)) == (12, 11)
+  assert np.unravel_index(np.argmax(pixels[1]), (28, 28)) == (10, 12)
+  np.testing.assert_allclose(pixels[0].sum(), 1.0, rtol=1e-5)  # Nothing but the one pixel.
+
+
+def test_shift_offsets_depend_on_the_example_not_its_position():
+  key = jax.random.key(0)
+  indices = jnp.array([5, 9, 2, 7])
+  together = batches.shift_offsets(key, jnp.int32(1), indices, 2)
+  apart = jnp.concatenate([batches.shift_offsets(key, jnp.int32(1), indices[k:k + 2], 2)
+                           for k in (0, 2)])
+  np.testing.assert_array_equal(together, apart)
+  assert int(together.min()) >= 0 and int(together.max()) <= 4
+  later = batches.shift_offsets(key, jnp.int32(2), jnp.arange(100), 2)
+  assert not np.array_equal(batches.shift_offsets(key, jnp.int32(1), jnp.arange(100), 2), later)

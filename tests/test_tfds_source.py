@@ -58,3 +58,15 @@ def test_manual_dir_that_does_not_exist_is_named(tmp_path):
   config = tfds_config(tmp_path, data__dir=str(tmp_path / 'nowhere'))
   with pytest.raises(UserError, match='nowhere does not exist'):
     load_split(config.data, 'train')
+
+
+def test_manual_dir_missing_files_is_named_before_tfds_tries_to_download_them(tmp_path, mnist_dir):
+  folder = tmp_path / 'manual'
+  folder.mkdir()
+  for f in mnist_dir.glob('t10k-*'):
+    (folder / f.name).write_bytes(f.read_bytes())
+  config = tfds_config(tmp_path, data__dir=str(folder))
+  start = time.monotonic()
+  with pytest.raises(UserError, match='lacks train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz;'):
+    load_split(config.data, 'train')
+  assert time.monotonic() - start < 10
