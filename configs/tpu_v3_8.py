@@ -32,4 +32,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_devices = 8
   # 128 examples per core keeps each core's matrix units busy; an epoch is 58 steps, not 468.
   config.batch_size = 1024
+  # The learning rate stays default.py's: on the 8,000-image split at this batch (20 epochs, no
+  # shifts, one CPU device) 2e-3 scored 96.40%, 4e-3 96.20%, 6e-3 96.00%. Not tuned on a TPU.
   return config
