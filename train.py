@@ -1,8 +1,10 @@
 """Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE ...]`."""
 
+import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 
 from absl import app
 from absl import flags
@@ -16,11 +18,26 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
     '(default: checkpoints/<config file name>).')
+# A multi-process run: the same command on every process, named as jax.distributed.initialize's
+# arguments. None of them on a single machine; only --distributed on a TPU pod slice.
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'HOST:PORT of process 0, which every process connects to.')
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None, 'How many processes the run has.', lower_bound=1)
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None, 'This process: 0 to num_processes - 1; process 0 writes the outputs.',
+    lower_bound=0)
+_DISTRIBUTED = flags.DEFINE_bool(
+    'distributed', False, 'Join a multi-process run whose settings JAX detects itself (TPU pod '
+    'slice, Slurm, Open MPI); implied by --coordinator_address, --num_processes or --process_id.')
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    'initialization_timeout', 300, 'Seconds to wait for every process to join before giving up.',
+    lower_bound=1)
 
 
-def _fail(message: str, status: int) -> None:
+def _fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:
   print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
-  sys.exit(status)
+  exit_now(status)
 
 
 def _unknown_field(error: Exception) -> str:
@@ -69,7 +86,16 @@ def default_workdir() -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  from mlp import preemption  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  from mlp import distributed  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  try:
+    # Before anything imports the trainer and touches JAX: initialize refuses after that.
+    distributed.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                     detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
+                     # From a watchdog thread, where sys.exit would end only the thread.
+                     give_up=functools.partial(_fail, status=1, exit_now=os._exit))
+  except UserError as error:
+    _fail(str(error), 1)
+  from mlp import preemption  # pylint: disable=g-import-not-at-top
   from mlp import trainer  # pylint: disable=g-import-not-at-top
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
   with preemption.StopRequest() as stop_request:

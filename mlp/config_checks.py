@@ -11,11 +11,12 @@ from mlp.optim import OPTIMIZERS, SCHEDULES
 from mlp.parallel import PARALLEL_MODES
 
 
-def _positive_int(config: ml_collections.ConfigDict, name: str) -> None:
+def _whole_number(config: ml_collections.ConfigDict, name: str, minimum: int = 1) -> None:
   value = config[name]
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-    raise UserError(f'{name} must be a positive integer, got {value!r}; '
-                    f'set --config.{name}=N with N >= 1')
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    kind = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
+    raise UserError(f'{name} must be {kind}, got {value!r}; '
+                    f'set --config.{name}=N with N >= {minimum}')
 
 
 def _one_of(value: str, choices: tuple[str, ...], name: str) -> None:
@@ -27,7 +28,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   """Raises UserError naming the first bad field and how to fix it."""
   for name in ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
                'max_checkpoints_to_keep'):
-    _positive_int(config, name)
+    _whole_number(config, name)
   if not config.learning_rate > 0:
     raise UserError(f'learning_rate must be positive, got {config.learning_rate!r}')
   if config.warmup_epochs < 0:
@@ -37,6 +38,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _one_of(config.optimizer, OPTIMIZERS, 'optimizer')
   _one_of(config.schedule, SCHEDULES, 'schedule')
   _one_of(config.parallel, PARALLEL_MODES, 'parallel mode')
+  _whole_number(config, 'num_devices', minimum=0)
   widths = config.model.hidden_sizes
   if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0 for w in widths):
     raise UserError(f'model.hidden_sizes must be positive integers, got {widths!r}; '

@@ -78,22 +78,30 @@ class Reporter:
   metrics.jsonl is the record of truth: a (re)started run drops its lines past `start_epoch`, and
   rebuilds the TensorBoard scalars from the rest in a new events file that purges all older ones.
   (tensorboardX writes from a background thread, so a killed run can lose its last events.)
+  In a multi-process run only process 0 reports (`enabled`): the others compute the same records
+  and write nothing, so there is one set of files and one log.
   """
 
   def __init__(self, workdir: str, num_epochs: int, stream: TextIO | None = None, *,
-               start_epoch: int = 0):
+               start_epoch: int = 0, enabled: bool = True):
     self._workdir = workdir
     self._num_epochs = num_epochs
     self._stream = stream or sys.stdout
+    self._enabled = enabled
+    self._seconds: list[float] = []
+    self._writer = None
+    if not enabled:
+      return
     kept = keep_records_through(workdir, start_epoch)
     # The suffix keeps a run resumed within the same second from overwriting the last one's events.
     self._writer = SummaryWriter(workdir, purge_step=1,
                                  filename_suffix=f'.from-epoch-{start_epoch}')
     for record in kept:
       self._add_scalars(record)
-    self._seconds: list[float] = []
 
   def write(self, record: dict[str, float]) -> None:
+    if not self._enabled:
+      return
     with open(os.path.join(self._workdir, METRICS_FILE), 'a', encoding='utf-8') as f:
       f.write(json.dumps(record) + '\n')
     self._add_scalars(record)
@@ -109,7 +117,9 @@ class Reporter:
     self._writer.flush()
 
   def log(self, message: str) -> None:
-    print(message, file=self._stream, flush=True)
+    if self._enabled:
+      print(message, file=self._stream, flush=True)
 
   def close(self) -> None:
-    self._writer.close()
+    if self._writer is not None:
+      self._writer.close()

@@ -18,7 +18,12 @@ from mlp.preemption import Preempted
 from mlp.reporting import Reporter, format_line, read_records, record_evaluation, warn
 
 
-def _restore(config: ml_collections.ConfigDict, executor: parallel.JitExecutor,
+def _primary() -> bool:
+  """Only process 0 of a multi-process run writes files and logs; every process computes."""
+  return jax.process_index() == 0
+
+
+def _restore(config: ml_collections.ConfigDict, executor: parallel.Executor,
              checkpoints: Checkpoints, steps_per_epoch: int
              ) -> tuple[steps.TrainState, jax.Array, Restored | None]:
   """The device state and run key to start from: the newest good checkpoint's, or fresh ones."""
@@ -30,7 +35,7 @@ def _restore(config: ml_collections.ConfigDict, executor: parallel.JitExecutor,
   return executor.put_state(restored.state), restored.rng, restored
 
 
-def _run_epoch(executor: parallel.JitExecutor, state: steps.TrainState, train_data, eval_data,
+def _run_epoch(executor: parallel.Executor, state: steps.TrainState, train_data, eval_data,
                run_key: jax.Array, epoch: int,
                images_per_epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
   """Trains one epoch and evaluates the result: the new state and the epoch's record."""
@@ -63,7 +68,7 @@ def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
                       f'training diverged, and that state was not saved ({kept}); {fix}')
 
 
-def _evaluation(config: ml_collections.ConfigDict, executor: parallel.JitExecutor,
+def _evaluation(config: ml_collections.ConfigDict, executor: parallel.Executor,
                 state: steps.TrainState, eval_examples: Examples, epoch: int) -> dict[str, float]:
   """The eval split's metrics of a restored state, as a record for eval.jsonl."""
   metrics = executor.metrics(executor.evaluate(state, executor.put_data(eval_examples)))
@@ -86,7 +91,8 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict
   for epoch, why in restored.damaged:
     warn(f'passed over the checkpoint of epoch {epoch}: {why}')
   record = _evaluation(config, executor, state, eval_examples, restored.epoch)
-  record_evaluation(workdir, record)
+  if _primary():
+    record_evaluation(workdir, record)
   return record
 
 
@@ -101,15 +107,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   config_checks.validate(config)
   if config.eval_only:
     return evaluate_checkpoint(config, workdir)
+  executor = parallel.make_executor(config)  # Checks the devices against the config.
   train_examples = load_split(config.data, config.data.train_split)
   eval_examples = load_split(config.data, config.data.eval_split)
 
   steps_per_epoch = len(train_examples) // config.batch_size
-  executor = parallel.make_executor(config)
   with Checkpoints(workdir, config) as checkpoints:  # On exit, every save started is on disk.
     state, run_key, restored = _restore(config, executor, checkpoints, steps_per_epoch)
     start_epoch = restored.epoch if restored else 0
-    reporter = Reporter(workdir, config.num_epochs, start_epoch=start_epoch)
+    reporter = Reporter(workdir, config.num_epochs, start_epoch=start_epoch, enabled=_primary())
     try:
       if restored:
         _report_resume(restored, checkpoints, reporter)
@@ -122,8 +128,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       executor.compile(state, train_data, eval_data, run_key)
       reporter.log(f'training on {len(train_examples):,} images ({config.data.train_split}), '
                    f'evaluating on {len(eval_examples):,} ({config.data.eval_split}); '
-                   f'{steps_per_epoch} steps of {config.batch_size} per epoch on '
-                   f'{jax.device_count()} {jax.default_backend()} device(s); '
+                   f'{steps_per_epoch} steps of {config.batch_size} per epoch, '
+                   f'{executor.placement}; '
                    f'compiled in {time.perf_counter() - compile_start:.1f}s')
       record: dict[str, float] = {}
       for epoch in range(start_epoch + 1, config.num_epochs + 1):
@@ -147,6 +153,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Reporter) -> None:
   """Says where the run continues from, and sets damaged newer checkpoints aside with a warning."""
+  if not _primary():  # One process moves the folders; the others just continue from the same epoch.
+    return
   moved = checkpoints.set_aside([epoch for epoch, _ in restored.damaged])
   for (epoch, why), path in zip(restored.damaged, moved):
     warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell back '
@@ -156,7 +164,7 @@ def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Repor
 
 
 def _report_finished(config: ml_collections.ConfigDict, workdir: str, reporter: Reporter,
-                     executor: parallel.JitExecutor, state: steps.TrainState,
+                     executor: parallel.Executor, state: steps.TrainState,
                      eval_examples: Examples, epoch: int) -> dict[str, float]:
   """A rerun of a finished run: its final metrics again, from metrics.jsonl or a new evaluation."""
   reporter.log(f'nothing to train: the checkpoint is at epoch {epoch} and num_epochs is '
@@ -166,5 +174,6 @@ def _report_finished(config: ml_collections.ConfigDict, workdir: str, reporter: 
     reporter.log(format_line(recorded[-1], epoch, 0))
     return recorded[-1]
   record = _evaluation(config, executor, state, eval_examples, epoch)
-  record_evaluation(workdir, record)
+  if _primary():
+    record_evaluation(workdir, record)
   return record

@@ -45,6 +45,20 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300) -> subpro
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
+                         env: dict | None = None) -> None:
+  """train.py given a mistake: non-zero exit, one line `error: ...` naming it, the workdir as it was."""
+  workdir.mkdir()
+  (workdir / 'metrics.jsonl').write_text('{"epoch": 1}\n')
+  out = run_train(*args, f'--workdir={workdir}', env=env)
+  assert out.returncode != 0
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1, out.stderr
+  assert lines[0].startswith('error: ') and expected in lines[0], lines[0]
+  assert sorted(p.name for p in workdir.iterdir()) == ['metrics.jsonl']
+  assert (workdir / 'metrics.jsonl').read_text() == '{"epoch": 1}\n'
+
+
 @pytest.fixture(scope='session')
 def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():

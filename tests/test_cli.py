@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import ROOT, override_flags, run_train
+from tests.conftest import ROOT, assert_fails_cleanly, override_flags, run_train
 
 CONFIG = '--config=configs/default.py'
 
@@ -54,14 +54,5 @@ BAD_INPUTS = {
 def test_bad_input_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_dir):
   args, expected = BAD_INPUTS[case]
   corrupt = str(corrupt_copy(mnist_dir, tmp_path / 'corrupt')) if '{corrupt}' in str(args) else ''
-  workdir = tmp_path / 'run'
-  workdir.mkdir()
-  (workdir / 'metrics.jsonl').write_text('{"epoch": 1}\n')
-  out = run_train(*[a.replace('{corrupt}', corrupt) for a in args], f'--workdir={workdir}')
-  assert out.returncode != 0
-  lines = out.stderr.strip().splitlines()
-  assert len(lines) == 1, out.stderr
-  assert lines[0].startswith('error: ') and expected in lines[0], lines[0]
-  assert sorted(p.name for p in workdir.iterdir()) == ['metrics.jsonl']
-  assert (workdir / 'metrics.jsonl').read_text() == '{"epoch": 1}\n'
+  assert_fails_cleanly([a.replace('{corrupt}', corrupt) for a in args], expected, tmp_path / 'run')
   assert not (ROOT / 'checkpoints' / 'nope').exists()

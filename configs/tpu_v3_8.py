@@ -1,0 +1,37 @@
+"""TPU v3-8: data parallel over its 8 cores with pmap, global batch 1024 (128 per core per step).
+
+The whole recipe, from a machine with the gcloud CLI:
+
+  gcloud compute tpus tpu-vm create mnist-v3-8 --zone=europe-west4-a \
+      --accelerator-type=v3-8 --version=tpu-ubuntu2204-base
+  gcloud compute tpus tpu-vm ssh mnist-v3-8 --zone=europe-west4-a
+
+then on the TPU VM, from a copy of this repository:
+
+  python3 -m venv .venv && . .venv/bin/activate
+  pip install -r requirements.txt
+  pip install "jax[tpu]==0.10.2"   # the pinned jax, with the TPU runtime (libtpu)
+  python train.py --config=configs/tpu_v3_8.py
+
+The run stops with one line if it finds other than 8 devices (num_devices); on a machine without
+a TPU add --config.num_devices=0 to run the same config on whatever is present. On a pod slice
+(v3-32: 4 hosts of 8 cores) run the same command on every host with --distributed and
+--config.num_devices=32, e.g. `gcloud compute tpus tpu-vm ssh NAME --worker=all --command=...`.
+Delete the VM afterwards: `gcloud compute tpus tpu-vm delete mnist-v3-8 --zone=europe-west4-a`.
+"""
+
+import ml_collections
+
+from configs import default
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """The default run, spread over the 8 cores of one TPU v3-8 host."""
+  config = default.get_config()
+  config.parallel = 'pmap'
+  config.num_devices = 8
+  # 128 examples per core keeps each core's matrix units busy; an epoch is 58 steps, not 468.
+  config.batch_size = 1024
+  # The learning rate stays default.py's: on the 8,000-image split at this batch (20 epochs, no
+  # shifts, one CPU device) 2e-3 scored 96.40%, 4e-3 96.20%, 6e-3 96.00%. Not tuned on a TPU.
+  return config

@@ -1,0 +1,49 @@
+"""Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else."""
+
+import re
+import threading
+from collections.abc import Callable
+
+from mlp.errors import UserError
+
+# JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
+# rather than in JAX aborting the process with a stack dump.
+_JAX_GRACE_S = 30
+
+
+def join(coordinator_address: str | None = None, num_processes: int | None = None,
+         process_id: int | None = None, *, detect: bool = False, initialization_timeout: int = 300,
+         give_up: Callable[[str], None] | None = None) -> bool:
+  """Calls `jax.distributed.initialize` when the launch names a multi-process run; True if it did.
+
+  JAX refuses to initialize once any computation has run, so train.py calls this first. Arguments
+  left as None are detected by JAX (TPU pod slice, Slurm, Open MPI); `detect` asks for that with
+  none given. If the other processes have not all joined after `initialization_timeout` seconds,
+  `give_up(message)` is called from a watchdog thread and must end the process.
+  """
+  given = {name: value for name, value in (('coordinator_address', coordinator_address),
+                                           ('num_processes', num_processes),
+                                           ('process_id', process_id)) if value is not None}
+  if not given and not detect:
+    return False
+  if coordinator_address is not None and not re.fullmatch(r'\S+:\d{1,5}', coordinator_address):
+    raise UserError(f'--coordinator_address={coordinator_address!r} is not HOST:PORT; pass the '
+                    'address of process 0 and a free port, e.g. --coordinator_address=10.0.0.2:8476')
+  import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
+
+  watchdog = threading.Timer(initialization_timeout, give_up or (lambda _: None), args=(
+      f'not every process joined the run within {initialization_timeout}s; start all '
+      f'{num_processes or "the"} processes with the same --coordinator_address (process 0\'s '
+      'HOST:PORT, reachable from the others) and each its own --process_id',))
+  watchdog.daemon = True
+  watchdog.start()
+  try:
+    jax.distributed.initialize(**given, initialization_timeout=initialization_timeout + _JAX_GRACE_S)
+  except (ValueError, TypeError, RuntimeError) as error:
+    raise UserError(
+        f'could not join the multi-process run ({error}); on each process pass '
+        '--coordinator_address=HOST:PORT (process 0\'s), --num_processes=N and --process_id=I with '
+        'I from 0 to N-1, or on a TPU pod slice only --distributed') from error
+  finally:
+    watchdog.cancel()
+  return True
