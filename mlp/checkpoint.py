@@ -28,7 +28,7 @@ STATE, META = 'state', 'meta'
 # schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers.
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
-    'max_checkpoints_to_keep', 'parallel', 'data.source', 'data.dir', 'data.tfds_data_dir',
+    'max_checkpoints_to_keep', 'parallel', 'num_devices', 'data.source', 'data.dir', 'data.tfds_data_dir',
     'data.eval_split'})
 DAMAGED_PREFIX = 'damaged-epoch-'
 

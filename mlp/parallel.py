@@ -122,7 +122,8 @@ class PmapExecutor(Executor):
 
   def get_state(self, state: steps.TrainState) -> steps.TrainState:
     """One host copy of the replicated state (device 0's), for saving or inspection."""
-    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0], state)
+    # [0, ...] keeps a scalar leaf (the optimizer's step count) a 0-d array, as orbax requires.
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0))[0, ...], state)
 
   def put_data(self, examples: Examples) -> DeviceData:
     return self._replicate(examples.images), self._replicate(examples.labels)

@@ -167,3 +167,34 @@ def test_bad_launch_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_d
   args, devices, expected = BAD_LAUNCHES[case]
   args = [arg.replace('{port}', str(free_port())) for arg in args]
   assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
+
+
+# Constant learning rate: a run stopped after epoch 1 (num_epochs=1) and resumed with num_epochs=2
+# then follows the same schedule as one that ran 2 epochs straight.
+RESUMABLE = {**SETTINGS, 'schedule': 'constant', 'warmup_epochs': 0}
+
+
+def train_on(devices: int, workdir, epochs: int) -> subprocess.CompletedProcess:
+  mode = 'pmap' if devices > 1 else 'jit'
+  out = run_train(CONFIG, f'--workdir={workdir}', env=on_devices(devices),
+                  *override_flags(**{**RESUMABLE, 'num_epochs': epochs, 'parallel': mode}))
+  assert out.returncode == 0, out.stderr
+  return out
+
+
+@pytest.fixture(scope='module')
+def straight_run(tmp_path_factory, mnist_dir):
+  """2 epochs on one device without a stop: the numbers every resumed run must end with."""
+  workdir = tmp_path_factory.mktemp('straight')
+  train_on(1, workdir, 2)
+  return read_metrics(workdir)
+
+
+@pytest.mark.parametrize('first, then', [(8, 1), (1, 8)])
+def test_a_checkpoint_from_one_device_count_resumes_on_another(first, then, straight_run, tmp_path):
+  workdir = tmp_path / 'run'
+  train_on(first, workdir, 1)
+  out = train_on(then, workdir, 2)
+  assert 'resumed from epoch 1' in out.stdout
+  assert ('pmap over 8 cpu devices' if then == 8 else 'jit on 1 cpu device') in out.stdout
+  assert_same_numbers(read_metrics(workdir), straight_run)
