@@ -1,6 +1,7 @@
 """Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else."""
 
 import re
+import signal
 import threading
 from collections.abc import Callable
 
@@ -47,3 +48,19 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   finally:
     watchdog.cancel()
   return True
+
+
+def agree_to_stop(signal_name: str | None) -> str | None:
+  """The stop request of any process, seen by all: orbax's save needs every process at one epoch.
+
+  A preempted host may be the only one signalled; without this, it would wait in the checkpoint
+  save for peers that train on.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return signal_name
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  code = signal.Signals[signal_name].value if signal_name else 0
+  asked = [int(c) for c in np.ravel(multihost_utils.process_allgather(np.int32(code))) if c]
+  return signal_name or (signal.Signals(asked[0]).name if asked else None)

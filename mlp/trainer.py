@@ -10,6 +10,7 @@ import ml_collections
 
 from data.mnist import Examples, load_split
 from mlp import config_checks
+from mlp import distributed
 from mlp import parallel
 from mlp import steps
 from mlp.checkpoint import Checkpoints, Restored
@@ -137,7 +138,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                    steps_per_epoch * config.batch_size)
         _check_finite(record, checkpoints.epochs())
         reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
-        stop = should_stop()
+        stop = distributed.agree_to_stop(should_stop())
         if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
           checkpoints.save(epoch, executor.get_state(state), run_key)
         if stop and epoch < config.num_epochs:

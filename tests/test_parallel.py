@@ -6,9 +6,11 @@ is fixed when JAX starts, and the flag slows single-device code.
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -81,23 +83,33 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def launch_two_processes(args: list[str], workdir_of) -> list[subprocess.Popen]:
+  """train.py as processes 0 and 1 of one run, 2 simulated CPU devices each."""
+  address = f'--coordinator_address=127.0.0.1:{free_port()}'
+  env = {**os.environ, **on_devices(2)}
+  return [subprocess.Popen(
+      [sys.executable, 'train.py', *args, f'--workdir={workdir_of(i)}', address,
+       '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+
+
+def finish(processes: list[subprocess.Popen]) -> list[tuple[str, str]]:
+  """Each process's (stdout, stderr), once all have ended; none outlives the test."""
+  try:
+    return [p.communicate(timeout=300) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+
+
 def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_dir):
   args = [CONFIG, *override_flags(parallel='pmap', **SETTINGS)]
   reference = run_train(*args, f'--workdir={tmp_path / "one"}', env=on_devices(4))
   assert reference.returncode == 0, reference.stderr
 
-  address = f'--coordinator_address=127.0.0.1:{free_port()}'
-  env = {**os.environ, **on_devices(2)}
-  processes = [subprocess.Popen(
-      [sys.executable, 'train.py', *args, f'--workdir={tmp_path / f"process{i}"}', address,
-       '--num_processes=2', f'--process_id={i}'],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
-  try:
-    outputs = [p.communicate(timeout=300) for p in processes]
-  finally:
-    for p in processes:
-      p.kill()
+  processes = launch_two_processes(args, lambda i: tmp_path / f'process{i}')
+  outputs = finish(processes)
   assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
 
   assert_same_numbers(read_metrics(tmp_path / 'process0'), read_metrics(tmp_path / 'one'))
@@ -108,6 +120,32 @@ def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_
   # Process 1 computed the same epochs but wrote no file and no log line.
   assert not (tmp_path / 'process1').exists()
   assert not [line for line in second.splitlines() if line.startswith(('epoch ', 'training'))]
+
+
+def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_path, mnist_dir):
+  epochs = 12
+  args = [CONFIG, *override_flags(parallel='pmap', **{**SETTINGS, 'num_epochs': epochs,
+                                                       'data__train_split': 'test[:2048]'})]
+  workdir = tmp_path / 'run'
+  processes = launch_two_processes(args, lambda i: workdir)
+  metrics = workdir / METRICS_FILE
+  deadline = time.monotonic() + 240
+  while not (metrics.exists() and metrics.read_text().strip()):
+    assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+    time.sleep(0.2)
+  processes[1].send_signal(signal.SIGTERM)  # A preempted host: the only one signalled.
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [143, 143], [err for _, err in outputs]
+  stopped = len(read_metrics(workdir))
+  assert stopped < epochs and (workdir / str(stopped)).is_dir()
+  for _, err in outputs:
+    assert f'stopped by SIGTERM after epoch {stopped}, whose checkpoint is saved' in err
+
+  processes = launch_two_processes(args, lambda i: workdir)
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+  assert f'resumed from epoch {stopped}' in outputs[0][0]
+  assert [r['epoch'] for r in read_metrics(workdir)] == list(range(1, epochs + 1))
 
 
 @pytest.mark.parametrize('overrides, devices, processes, mode', [
