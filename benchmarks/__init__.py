@@ -1,0 +1,1 @@
+"""Scripts that measure the trainer against the usual per-batch loop and the hardware."""
