@@ -46,18 +46,6 @@ STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'test[:8000]', 'test[8000:]'
 MIN_REPEATS = 5
 
 
-def matmul_flops_per_image(hidden_sizes: tuple[int, ...], num_inputs: int = 784,
-                           num_classes: int = 10) -> int:
-  """Forward, weight-gradient and input-gradient matmuls; the pixels need no gradient.
-
-  A [B, m] x [m, n] layer costs 2mn FLOPs per image for each of the three products, except that
-  the first layer has no input gradient to compute.
-  """
-  widths = [num_inputs, *hidden_sizes, num_classes]
-  layers = [2 * m * n for m, n in zip(widths[:-1], widths[1:])]
-  return 2 * sum(layers) + sum(layers[1:])
-
-
 class LoopRun:
   """The google/flax examples/mnist pattern: host numpy dataset, one jitted step call per batch."""
 
@@ -158,7 +146,7 @@ def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
   matmul = MatmulRun(matmul_size)
   check = same_training(trainer, loop, epoch=1)
 
-  flops_per_image = matmul_flops_per_image(tuple(config.model.hidden_sizes))
+  flops_per_image = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes))
   images = steps_per_epoch * config.batch_size
   trainer_rates, loop_rates, ceilings = [], [], []
   for epoch in range(2, repeats + 2):

@@ -33,6 +33,18 @@ DROPOUT_RATE = flags.DEFINE_float('dropout_rate', None,
                                   'Overrides model.dropout_rate (default: the config\'s).')
 
 
+def matmul_flops_per_image(hidden_sizes: tuple[int, ...], num_inputs: int = 784,
+                           num_classes: int = 10) -> int:
+  """Forward, weight-gradient and input-gradient matmuls; the pixels need no gradient.
+
+  A [B, m] x [m, n] layer costs 2mn FLOPs per image for each of the three products, except that
+  the first layer has no input gradient to compute.
+  """
+  widths = [num_inputs, *hidden_sizes, num_classes]
+  layers = [2 * m * n for m, n in zip(widths[:-1], widths[1:])]
+  return 2 * sum(layers) + sum(layers[1:])
+
+
 def benchmark_config() -> ml_collections.ConfigDict:
   """configs/default.py with the flags' batch size and, if given, dropout rate."""
   config = default.get_config()
