@@ -116,7 +116,8 @@ def measure_startup(batch_size: int, data_dir: str) -> dict[str, float | bool]:
     errors = [l for l in lines if not l.startswith('import time:')]
     raise UserError(f'the start-up run of train.py failed ({errors[-1] if errors else "no output"})'
                     '; check --data_dir, or pass --nostartup')
-  modules = {l.rsplit('|', 1)[-1].strip() for l in lines[1:] if l.startswith('import time:')}
+  modules = {l.rsplit('|', 1)[-1].strip() for l in lines if l.startswith('import time:')}
+  modules.discard('imported package')  # The column header.
   return {'seconds': seconds, 'modules_imported': len(modules),
           'tensorflow_imported': any(m.split('.')[0] == 'tensorflow' for m in modules)}
 
@@ -157,6 +158,8 @@ def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
       'trainer': spread(trainer_rates), 'loop': spread(loop_rates), 'ceiling': spread(ceilings),
       'ratio_vs_loop': spread([t / l for t, l in zip(trainer_rates, loop_rates)]),
       'fraction_of_ceiling': spread([t / c for t, c in zip(trainer_rates, ceilings)]),
+      'loop_overhead_ms': 1e3 * statistics.median(
+          (images / l - images / t) / steps_per_epoch for t, l in zip(trainer_rates, loop_rates)),
       'check': check, 'flops_per_image': flops_per_image, 'images_per_epoch': images,
       'steps_per_epoch': steps_per_epoch,
   }
@@ -190,7 +193,8 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       f'{"ceiling (matmul rate / FLOPs per image)":44s} '
       f'{_range(figures["ceiling"], ",.0f"):>30s}  {epoch(figures["ceiling"]):7.3f}s',
       '',
-      f'trainer / loop:    {_range(figures["ratio_vs_loop"], ".2f")}',
+      f'trainer / loop:    {_range(figures["ratio_vs_loop"], ".2f")}; the loop spends '
+      f'{figures["loop_overhead_ms"]:.3f} ms more per step (dispatch, host batch, copy to device)',
       f'trainer / ceiling: {_range(figures["fraction_of_ceiling"], ".1%")}',
       f'ceiling: {figures["ceiling"]["median"] * figures["flops_per_image"] / 1e9:,.1f} GFLOP/s on '
       f'a {matmul_size}x{matmul_size} float32 matmul, {figures["flops_per_image"]:,} matmul FLOPs '
@@ -214,6 +218,7 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       'modules_imported_at_startup': startup['modules_imported'] if startup else None,
       'spread': {k: figures[k] for k in ('trainer', 'loop', 'ceiling', 'ratio_vs_loop',
                                          'fraction_of_ceiling')},
+      'loop_overhead_ms_per_step': figures['loop_overhead_ms'],
       'matmul_gflops': figures['ceiling']['median'] * figures['flops_per_image'] / 1e9,
       'flops_per_image': figures['flops_per_image'],
       'same_training': check,
@@ -233,7 +238,7 @@ def main(argv: list[str]) -> None:
                       f'use --repeats={MIN_REPEATS} or more')
     config = workload.benchmark_config()
     load_before = os.getloadavg()[0]
-    startup = measure_startup(config.batch_size, workload.DATA_DIR.value) if _STARTUP.value else None
+    startup = measure_startup(config.batch_size, workload.check_data_dir()) if _STARTUP.value else None
     examples, description = workload.load_images()
     figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
   except UserError as error:

@@ -59,6 +59,14 @@ def benchmark_config() -> ml_collections.ConfigDict:
   return config
 
 
+def check_data_dir() -> str:
+  """The MNIST folder, or a UserError naming the flag that sets it."""
+  if not pathlib.Path(DATA_DIR.value).expanduser().is_dir():
+    raise UserError(f'data folder {DATA_DIR.value} does not exist; pass --data_dir=FOLDER of the '
+                    'canonical MNIST .gz files, or --data=synthetic --nostartup to run without them')
+  return str(pathlib.Path(DATA_DIR.value).expanduser())
+
+
 def load_images() -> tuple[Examples, str]:
   """The flags' examples, and a description of them for the table."""
   num_images = NUM_IMAGES.value
@@ -67,7 +75,7 @@ def load_images() -> tuple[Examples, str]:
     return (Examples(images=rng.integers(0, 256, (num_images, 784), dtype=np.uint8),
                      labels=rng.integers(0, 10, num_images, dtype=np.int32)),
             f'synthetic: {num_images:,} random uint8 images of MNIST\'s shape')
-  data_config = ml_collections.ConfigDict({'source': 'idx', 'dir': DATA_DIR.value})
+  data_config = ml_collections.ConfigDict({'source': 'idx', 'dir': check_data_dir()})
   available = SPLIT_SIZES['test']
   if num_images <= available:
     return (load_split(data_config, f'test[:{num_images}]'),

@@ -91,7 +91,8 @@ def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
     (['--repeats=3'], '--repeats=3 is too few'),
     (['--batch_size=0'], 'needs 1 <= batch_size'),
     (['--data=csv'], 'one of <idx|synthetic>'),
-    (['--nostartup', '--data_dir=/nonexistent/mnist'], 'does not exist'),
+    (['--nostartup', '--data_dir=/nonexistent/mnist'], 'does not exist; pass --data_dir'),
+    (['--data=synthetic', '--data_dir=/nonexistent/mnist'], 'or --data=synthetic --nostartup'),
 ])
 def test_bad_input_ends_in_one_line(args, expected):
   out = run_benchmark(*args)
