@@ -14,6 +14,7 @@ hits all three alike. Prints a table, then the figures as one JSON line.
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from mlp import epoch as epoch_lib
 from mlp import steps
 from mlp.errors import UserError
 
-_REPEATS = flags.DEFINE_integer('repeats', 7, 'Timed epochs of each loop (at least 5).')
+_REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
 _STARTUP = flags.DEFINE_bool('startup', True, 'Also time a fresh `python train.py` on the idx '
                              'split test[:8000] from process start to its first epoch.')
@@ -103,12 +104,13 @@ def measure_startup(batch_size: int, data_dir: str) -> dict[str, float | bool]:
     command = [sys.executable, '-X', 'importtime', 'train.py', '--config=configs/default.py',
                *[f'--config.{k}={v}' for k, v in overrides.items()], f'--workdir={workdir}']
     stderr_path = pathlib.Path(workdir) / 'stderr.txt'
-    seconds = None
+    seconds, compiled = None, None
     with open(stderr_path, 'w', encoding='utf-8') as stderr:
       start = time.perf_counter()
       with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
                             text=True) as process:
         for line in process.stdout:
+          compiled = compiled or re.search(r'compiled in ([\d.]+)s', line)
           if seconds is None and line.startswith('epoch 1/1'):
             seconds = time.perf_counter() - start
     lines = stderr_path.read_text(encoding='utf-8').splitlines()
@@ -119,6 +121,7 @@ def measure_startup(batch_size: int, data_dir: str) -> dict[str, float | bool]:
   modules = {l.rsplit('|', 1)[-1].strip() for l in lines if l.startswith('import time:')}
   modules.discard('imported package')  # The column header.
   return {'seconds': seconds, 'modules_imported': len(modules),
+          'compile_seconds': float(compiled.group(1)) if compiled else None,
           'tensorflow_imported': any(m.split('.')[0] == 'tensorflow' for m in modules)}
 
 
@@ -204,9 +207,12 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       f'{check["max_weight_difference"]:.1e}',
   ]
   if startup is not None:
+    compile_note = (f', {startup["compile_seconds"]:.1f}s of it compiling'
+                    if startup['compile_seconds'] is not None else '')
     lines.append(f'start-up: {startup["seconds"]:.2f}s from launching `python train.py` (idx, '
-                 f'{STARTUP_TRAIN_SPLIT}) to its first epoch line; {startup["modules_imported"]:,} '
-                 f'modules imported, TensorFlow {"among them" if startup["tensorflow_imported"] else "not"}')
+                 f'{STARTUP_TRAIN_SPLIT}) to its first epoch line{compile_note}; '
+                 f'{startup["modules_imported"]:,} modules imported, TensorFlow '
+                 f'{"among them" if startup["tensorflow_imported"] else "not"}')
   summary = {
       'trainer_images_per_second': figures['trainer']['median'],
       'loop_images_per_second': figures['loop']['median'],
@@ -216,6 +222,7 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       'startup_seconds': startup['seconds'] if startup else None,
       'tensorflow_imported_at_startup': startup['tensorflow_imported'] if startup else None,
       'modules_imported_at_startup': startup['modules_imported'] if startup else None,
+      'startup_compile_seconds': startup['compile_seconds'] if startup else None,
       'spread': {k: figures[k] for k in ('trainer', 'loop', 'ceiling', 'ratio_vs_loop',
                                          'fraction_of_ceiling')},
       'loop_overhead_ms_per_step': figures['loop_overhead_ms'],

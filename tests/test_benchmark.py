@@ -76,6 +76,7 @@ def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
 def test_startup_is_a_real_train_py_launch_without_tensorflow(tiny_run):
   figures = tiny_run[1]
   assert 0.5 < figures['startup_seconds'] < 300
+  assert 0 < figures['startup_compile_seconds'] < figures['startup_seconds']
   assert figures['modules_imported_at_startup'] > 100  # jax, flax, optax...: the list was read.
   assert figures['tensorflow_imported_at_startup'] is False
 
