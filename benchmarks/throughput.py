@@ -11,6 +11,7 @@ each repetition times one epoch of each and one matmul, interleaved, so load fro
 hits all three alike. Prints a table, then the figures as one JSON line.
 """
 
+import functools
 import json
 import os
 import pathlib
@@ -79,6 +80,43 @@ class LoopRun:
     return self._state.params
 
 
+class MatmulsAloneRun:
+  """Only the MLP's matmuls, forward and backward, at the batch's shapes, scanned over an epoch:
+  what the trainer would reach if the bias, ReLU, loss, dropout and optimizer cost nothing."""
+
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
+    state = workload.initial_state(config, len(examples))
+    self._kernels = [layer['kernel'] for _, layer in sorted(state.params.items())]
+    self._images = jax.device_put(examples.images)
+    self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
+    self._seed_key = workload.run_key(config)
+    jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, 0))
+
+  @staticmethod
+  def _matmuls(kernels: list[jax.Array], images: jax.Array, seed_key: jax.Array, epoch: jax.Array,
+               *, batch_size: int) -> jax.Array:
+    plan, _ = epoch_lib.epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size)
+
+    def body(carry, indices):
+      # The carry (a scalar of the last step's gradients) keeps XLA from hoisting any step.
+      activations = [jnp.take(images, indices, axis=0).astype(jnp.float32) + carry]
+      for kernel in kernels:
+        activations.append(activations[-1] @ kernel)
+      delta, total = activations.pop(), 0.0
+      for layer in reversed(range(len(kernels))):
+        total += jnp.sum(activations[layer].T @ delta)  # Weight gradient.
+        if layer:
+          delta = delta @ kernels[layer].T  # Input gradient, not needed for the pixels.
+      return 1e-30 * total, None
+
+    return jax.lax.scan(body, jnp.float32(0), plan)[0]
+
+  def epoch(self, epoch: int) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, epoch))
+    return time.perf_counter() - start
+
+
 class MatmulRun:
   """The machine's float32 matmul rate on one large square product."""
 
@@ -143,22 +181,28 @@ def same_training(trainer: workload.TrainerRun, loop: LoopRun, epoch: int) -> di
 
 def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
         matmul_size: int) -> dict:
-  """The interleaved measurements: per repetition one trainer epoch, one loop epoch, one matmul."""
+  """The interleaved measurements: per repetition one epoch of the trainer, the loop and the
+  matmuls alone, and one square matmul."""
   steps_per_epoch = len(examples) // config.batch_size
   trainer = workload.TrainerRun(config, examples)
   loop = LoopRun(config, examples)
+  matmuls_alone = MatmulsAloneRun(config, examples)
   matmul = MatmulRun(matmul_size)
   check = same_training(trainer, loop, epoch=1)
 
   flops_per_image = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes))
   images = steps_per_epoch * config.batch_size
-  trainer_rates, loop_rates, ceilings = [], [], []
+  trainer_rates, loop_rates, alone_rates, ceilings = [], [], [], []
   for epoch in range(2, repeats + 2):
     trainer_rates.append(images / trainer.epoch(epoch)[0])
     loop_rates.append(images / loop.epoch(epoch)[0])
+    alone_rates.append(images / matmuls_alone.epoch(epoch))
     ceilings.append(matmul.flops_per_second() / flops_per_image)
   return {
       'trainer': spread(trainer_rates), 'loop': spread(loop_rates), 'ceiling': spread(ceilings),
+      'matmuls_alone': spread(alone_rates),
+      'fraction_of_matmuls_alone': spread([t / a for t, a in zip(trainer_rates, alone_rates)]),
+      'matmuls_alone_fraction_of_ceiling': spread([a / c for a, c in zip(alone_rates, ceilings)]),
       'ratio_vs_loop': spread([t / l for t, l in zip(trainer_rates, loop_rates)]),
       'fraction_of_ceiling': spread([t / c for t, c in zip(trainer_rates, ceilings)]),
       'loop_overhead_ms': 1e3 * statistics.median(
@@ -180,6 +224,10 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
   widths = '-'.join(str(w) for w in (784, *config.model.hidden_sizes, 10))
   check = figures['check']
   epoch = lambda rates: figures['images_per_epoch'] / rates['median']
+  rows = (('trainer', 'trainer (scan over device-resident data)'),
+          ('loop', 'conventional loop (jit step, numpy batches)'),
+          ('matmuls_alone', 'the MLP\'s matmuls alone, same shapes'),
+          ('ceiling', 'ceiling (matmul rate / FLOPs per image)'))
   lines = [
       f'MLP {widths}, {config.optimizer}, dropout {config.model.dropout_rate}, batch '
       f'{config.batch_size}, {figures["images_per_epoch"]:,} images per epoch '
@@ -189,16 +237,14 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       f'median [min .. max] of {repeats} interleaved repetitions',
       '',
       f'{"":44s} {"images/s":>30s}  {"epoch":>8s}',
-      f'{"trainer (scan over device-resident data)":44s} '
-      f'{_range(figures["trainer"], ",.0f"):>30s}  {epoch(figures["trainer"]):7.3f}s',
-      f'{"conventional loop (jit step, numpy batches)":44s} '
-      f'{_range(figures["loop"], ",.0f"):>30s}  {epoch(figures["loop"]):7.3f}s',
-      f'{"ceiling (matmul rate / FLOPs per image)":44s} '
-      f'{_range(figures["ceiling"], ",.0f"):>30s}  {epoch(figures["ceiling"]):7.3f}s',
+      *[f'{label:44s} {_range(figures[key], ",.0f"):>30s}  {epoch(figures[key]):7.3f}s'
+        for key, label in rows],
       '',
       f'trainer / loop:    {_range(figures["ratio_vs_loop"], ".2f")}; the loop spends '
       f'{figures["loop_overhead_ms"]:.3f} ms more per step (dispatch, host batch, copy to device)',
-      f'trainer / ceiling: {_range(figures["fraction_of_ceiling"], ".1%")}',
+      f'trainer / ceiling: {_range(figures["fraction_of_ceiling"], ".1%")} = '
+      f'trainer / matmuls alone {figures["fraction_of_matmuls_alone"]["median"]:.1%} x '
+      f'matmuls alone / ceiling {figures["matmuls_alone_fraction_of_ceiling"]["median"]:.1%}',
       f'ceiling: {figures["ceiling"]["median"] * figures["flops_per_image"] / 1e9:,.1f} GFLOP/s on '
       f'a {matmul_size}x{matmul_size} float32 matmul, {figures["flops_per_image"]:,} matmul FLOPs '
       'per trained image',
@@ -223,8 +269,11 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       'tensorflow_imported_at_startup': startup['tensorflow_imported'] if startup else None,
       'modules_imported_at_startup': startup['modules_imported'] if startup else None,
       'startup_compile_seconds': startup['compile_seconds'] if startup else None,
-      'spread': {k: figures[k] for k in ('trainer', 'loop', 'ceiling', 'ratio_vs_loop',
-                                         'fraction_of_ceiling')},
+      'matmuls_alone_images_per_second': figures['matmuls_alone']['median'],
+      'spread': {k: figures[k] for k in ('trainer', 'loop', 'matmuls_alone', 'ceiling',
+                                         'ratio_vs_loop', 'fraction_of_ceiling',
+                                         'fraction_of_matmuls_alone',
+                                         'matmuls_alone_fraction_of_ceiling')},
       'loop_overhead_ms_per_step': figures['loop_overhead_ms'],
       'matmul_gflops': figures['ceiling']['median'] * figures['flops_per_image'] / 1e9,
       'flops_per_image': figures['flops_per_image'],

@@ -58,7 +58,10 @@ def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
   assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
   assert figures['images_per_epoch'] == 640 and figures['batch_size'] == 32
   assert figures['data'] == 'real MNIST test[:640] (idx files)'
-  for name in ('trainer', 'loop', 'ceiling', 'ratio_vs_loop', 'fraction_of_ceiling'):
+  assert figures['matmuls_alone_images_per_second'] > 0
+  for name in ('trainer', 'loop', 'matmuls_alone', 'ceiling', 'ratio_vs_loop',
+               'fraction_of_ceiling', 'fraction_of_matmuls_alone',
+               'matmuls_alone_fraction_of_ceiling'):
     band = figures['spread'][name]
     assert band['min'] <= band['median'] <= band['max']
   assert figures['spread']['trainer']['median'] == figures['trainer_images_per_second']
