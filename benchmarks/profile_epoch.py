@@ -48,14 +48,31 @@ def compiled_ops(config: ml_collections.ConfigDict, examples: Examples) -> dict[
   state = workload.initial_state(config, len(examples))
   hlo_text = program.lower(state, examples.images, examples.labels, workload.run_key(config),
                            jnp.int32(0)).compile().as_text()
-  ops = {}
+  return _named_ops(hlo_text)
+
+
+def _named_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
+  """Parses instructions per computation. Copies and other ops XLA adds carry no op_name: they
+  take their computation's, when all its named ops fall in one group (a loop inside dropout)."""
+  computations = collections.defaultdict(list)
+  current = ''
   for line in hlo_text.splitlines():
+    if line and not line.startswith(' ') and line.rstrip().endswith('{'):
+      current = line.split(' ')[0]
+      continue
     match = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = \S+ ([a-z][\w\-]*)\(', line)
     if not match and ' = (' in line:  # A tuple-shaped result: (s32[], f32[...]) while(...)
       match = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(.*?\) ([a-z][\w\-]*)\(', line)
     if match:
       op_name = re.search(r'op_name="([^"]*)"', line)
-      ops[match.group(1)] = (match.group(2), op_name.group(1) if op_name else '')
+      computations[current].append((match.group(1), match.group(2),
+                                    op_name.group(1) if op_name else ''))
+  ops = {}
+  for instructions in computations.values():
+    named = [op_name for _, opcode, op_name in instructions if op_name]
+    shared = named[0] if named and len({category('', n) for n in named}) == 1 else ''
+    for name, opcode, op_name in instructions:
+      ops[name] = (opcode, op_name or shared)
   return ops
 
 
