@@ -4,11 +4,12 @@
 
 Times (1) the trainer's own epoch (`JitExecutor`: one compiled scan over device-resident data),
 (2) the conventional loop of google/flax examples/mnist (a jitted step per batch, fed host numpy
-batches) on the same config, model, optimizer, batches and dropout keys, and (3) a large float32
-matmul, turned into a ceiling on images/s by the MLP's matmul FLOPs per image. Both training loops
-first run one untimed epoch from the same state, compared to prove they do the same training. Then
-each repetition times one epoch of each and one matmul, interleaved, so load from other processes
-hits all three alike. Prints a table, then the figures as one JSON line.
+batches) on the same config, model, optimizer, batches and dropout keys, (3) the MLP's matmuls
+alone at the same shapes, and (4) a large float32 matmul, turned into a ceiling on images/s by the
+MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from the same state,
+compared to prove they do the same training. Then each repetition times one epoch of (1) to (3)
+and one matmul, interleaved, so load from other processes hits all of them alike. A fresh
+`python train.py` on the idx files gives the start-up time. Prints a table, then one JSON line.
 """
 
 import functools

@@ -6,6 +6,7 @@ figures that must agree with each other, the same-training check and the start-u
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -103,3 +104,20 @@ def test_bad_input_ends_in_one_line(args, expected):
   assert out.returncode != 0
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
+
+
+def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
+  out = subprocess.run([sys.executable, 'benchmarks/profile_epoch.py', '--batch_size=32',
+                        '--num_images=640', '--epochs=1', f'--data_dir={mnist_dir}'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  table = out.stdout.split('group\n', 1)[1].split('\n\n', 1)[0]
+  shares = {}
+  for line in table.splitlines():
+    match = re.match(r'\s*[\d.]+\s+([\d.]+)%\s+(.+)$', line)
+    if match:
+      shares[match.group(2)] = float(match.group(1))
+  assert {'matmuls (forward and backward)', 'optimizer update',
+          'dropout: random bits and masks'} <= set(shares)
+  assert 'not matched to the program' not in shares  # Trace events all named program ops.
+  assert sum(shares.values()) == pytest.approx(100, abs=0.5)
