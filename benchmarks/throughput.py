@@ -87,7 +87,8 @@ class MatmulsAloneRun:
 
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
     state = workload.initial_state(config, len(examples))
-    self._kernels = [layer['kernel'] for _, layer in sorted(state.params.items())]
+    layers = sorted(state.params.items(), key=lambda item: int(item[0].rsplit('_', 1)[1]))
+    self._kernels = [layer['kernel'] for _, layer in layers]  # Dense_0, Dense_1, ... in order.
     self._images = jax.device_put(examples.images)
     self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
     self._seed_key = workload.run_key(config)
