@@ -16,6 +16,25 @@ def _total(sums: steps.Metrics, axis_name: str | None) -> steps.Metrics:
   return jax.lax.psum(sums, axis_name) if axis_name is not None else sums
 
 
+def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, *, batch_size: int,
+               num_shards: int = 1, shard: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
+  """All of an epoch's randomness, (this shard's example indices per step, dropout key), from the seed.
+
+  Any loop that follows the plan with `train_batch` trains exactly as `train_epoch` does.
+  """
+  order_key, dropout_key = jax.random.split(seed_key)
+  order = batches.epoch_permutation(order_key, epoch, num_examples)
+  return batches.shard_steps(order, batch_size, num_shards, shard), dropout_key
+
+
+def train_batch(state: steps.TrainState, batch: steps.Batch, dropout_key: jax.Array,
+                shard: jax.Array | int = 0,
+                axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
+  """One step whose dropout depends on (key, global step, shard) only, so replays agree exactly."""
+  rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), shard)
+  return steps.train_step(state, batch, rng, axis_name)
+
+
 def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
                 epoch: jax.Array, *, batch_size: int, max_shift: int = 0, num_shards: int = 1,
                 axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
@@ -25,16 +44,14 @@ def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, s
   batch, gradients are averaged and metric sums added over the axis.
   """
   shard = _shard_index(axis_name)
-  order_key, dropout_key = jax.random.split(seed_key)
+  step_indices, dropout_key = epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size,
+                                         num_shards=num_shards, shard=shard)
   shift_key = jax.random.fold_in(seed_key, 2)
-  order = batches.epoch_permutation(order_key, epoch, images.shape[0])
-  step_indices = batches.shard_steps(order, batch_size, num_shards, shard)
 
   def body(state, indices):
-    rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), shard)
     offsets = batches.shift_offsets(shift_key, epoch, indices, max_shift) if max_shift else None
     batch = batches.gather(images, labels, indices, offsets, max_shift)
-    return steps.train_step(state, batch, rng, axis_name)
+    return train_batch(state, batch, dropout_key, shard, axis_name)
 
   state, sums = jax.lax.scan(body, state, step_indices)
   return state, _total(sums, axis_name)

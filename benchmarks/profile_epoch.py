@@ -1,0 +1,171 @@
+"""Where the trainer's epoch spends its time: a jax.profiler trace of compiled epochs, op by op.
+
+  python benchmarks/profile_epoch.py [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
+
+Traces the trainer's epoch (the same JitExecutor program the throughput benchmark times), adds up
+the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
+op names of the compiled program: the MLP's matmuls, the dropout (random bits and masks), the
+optimizer update (`jax.named_scope('optimizer')` in mlp/steps.py), the rest of the model, and the
+loss, metrics, batch gather and loop bookkeeping. The trace is kept with --trace_dir for
+TensorBoard's profile plugin or Perfetto.
+"""
+
+import collections
+import functools
+import glob
+import re
+import tempfile
+
+from absl import app
+from absl import flags
+
+# pylint: disable=g-import-not-at-top,wrong-import-position; workload puts the project on the path.
+import workload
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from data.mnist import Examples
+from mlp import epoch as epoch_lib
+from mlp.errors import UserError
+
+_EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
+_TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
+_TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default: a temporary folder).')
+
+# Ops that only hold other ops: their children are counted instead.
+CONTAINERS = ('while', 'conditional', 'call')
+
+
+def compiled_ops(config: ml_collections.ConfigDict, examples: Examples) -> dict[str, tuple[str, str]]:
+  """Instruction name -> (opcode, op_name) of the trainer's compiled epoch.
+
+  The executor keeps its program to itself, so this compiles the same function with the same
+  arguments again; XLA names the instructions alike, and the report says how much it matched.
+  """
+  program = jax.jit(functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size),
+                    donate_argnums=0)
+  state = workload.initial_state(config, len(examples))
+  hlo_text = program.lower(state, examples.images, examples.labels, workload.run_key(config),
+                           jnp.int32(0)).compile().as_text()
+  return _named_ops(hlo_text)
+
+
+def _named_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
+  """Parses instructions per computation. Copies and other ops XLA adds carry no op_name: they
+  take their computation's, when all its named ops fall in one group (a loop inside dropout)."""
+  computations = collections.defaultdict(list)
+  current = ''
+  for line in hlo_text.splitlines():
+    if line and not line.startswith(' ') and line.rstrip().endswith('{'):
+      current = line.split(' ')[0]
+      continue
+    match = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = \S+ ([a-z][\w\-]*)\(', line)
+    if not match and ' = (' in line:  # A tuple-shaped result: (s32[], f32[...]) while(...)
+      match = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(.*?\) ([a-z][\w\-]*)\(', line)
+    if match:
+      op_name = re.search(r'op_name="([^"]*)"', line)
+      computations[current].append((match.group(1), match.group(2),
+                                    op_name.group(1) if op_name else ''))
+  ops = {}
+  for instructions in computations.values():
+    named = [op_name for _, opcode, op_name in instructions if op_name]
+    shared = named[0] if named and len({category('', n) for n in named}) == 1 else ''
+    for name, opcode, op_name in instructions:
+      ops[name] = (opcode, op_name or shared)
+  return ops
+
+
+def category(opcode: str, op_name: str) -> str:
+  """What an op is for, from its opcode and the name JAX gave it."""
+  if '/optimizer/' in op_name:
+    return 'optimizer update'
+  if 'Dropout_' in op_name:
+    return 'dropout: random bits and masks'
+  if opcode == 'dot' or ('Dense_' in op_name and op_name.endswith(('/dot_general', '/transpose'))):
+    return 'matmuls (forward and backward)'
+  if 'MLP' in op_name:
+    return 'rest of the model: bias, ReLU, their gradients'
+  return 'loss, metrics, gather, loop bookkeeping'
+
+
+def trace_epochs(trainer: workload.TrainerRun, epochs: int, trace_dir: str) -> list[float]:
+  """Seconds of each traced epoch; the trace lands in trace_dir."""
+  trainer.epoch(1)  # Warm-up, untraced.
+  seconds = []
+  with jax.profiler.trace(trace_dir):
+    for epoch in range(2, epochs + 2):
+      seconds.append(trainer.epoch(epoch)[0])
+  return seconds
+
+
+def op_times(trace_dir: str, ops: dict[str, tuple[str, str]]) -> collections.Counter:
+  """Total nanoseconds per compiled op over the trace, containers left out; '?' for XLA events
+  that name no instruction of the program."""
+  paths = glob.glob(f'{trace_dir}/**/*.xplane.pb', recursive=True)
+  if not paths:
+    raise UserError(f'the profiler wrote no trace under {trace_dir}; check that folder is writable')
+  totals = collections.Counter()
+  for plane in jax.profiler.ProfileData.from_file(paths[0]).planes:
+    for line in plane.lines:
+      for event in line.events:
+        if event.name in ops and ops[event.name][0] not in CONTAINERS:
+          totals[event.name] += event.duration_ns
+        elif re.fullmatch(r'[a-z][\w\-]*\.\d+', event.name) and event.name not in ops:
+          totals['?'] += event.duration_ns
+  return totals
+
+
+def report(totals: collections.Counter, ops: dict[str, tuple[str, str]], seconds: list[float],
+           untraced: float, top: int, config: ml_collections.ConfigDict, examples: Examples,
+           description: str) -> str:
+  """Op time per epoch by group, then the costliest ops."""
+  epochs = len(seconds)
+  per_epoch_ms = lambda ns: ns / epochs / 1e6
+  op_total = sum(totals.values())
+  groups = collections.Counter()
+  for name, ns in totals.items():
+    groups[category(*ops[name]) if name in ops else 'not matched to the program'] += ns
+  lines = [
+      f'{config.optimizer}, dropout {config.model.dropout_rate}, batch {config.batch_size}; '
+      f'{description}; {jax.devices()[0].device_kind}',
+      f'epoch: {untraced * 1e3:.1f} ms untraced, {sum(seconds) / epochs * 1e3:.1f} ms traced; '
+      f'XLA op time {per_epoch_ms(op_total):.1f} ms per epoch (summed over threads)',
+      '', f'{"ms/epoch":>9s} {"share":>6s}  group']
+  for group, ns in groups.most_common():
+    lines.append(f'{per_epoch_ms(ns):9.1f} {ns / op_total:6.1%}  {group}')
+  matmul_ns = groups['matmuls (forward and backward)']
+  images = len(examples) // config.batch_size * config.batch_size
+  flops = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes)) * images * epochs
+  lines.append(f'matmuls run at {flops / matmul_ns:.1f} GFLOP/s while they run '
+               f'({flops / epochs / 1e9:.1f} GFLOP per epoch)')
+  lines += ['', f'{"ms/epoch":>9s} {"share":>6s}  {"op":26s} what (op_name)']
+  for name, ns in totals.most_common(top):
+    opcode, op_name = ops.get(name, ('?', ''))
+    where = op_name.replace('jit(train_epoch)/while/body/closed_call/', '') or opcode
+    lines.append(f'{per_epoch_ms(ns):9.1f} {ns / op_total:6.1%}  {name:26s} {where[-70:]}')
+  return '\n'.join(lines)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  try:
+    if _EPOCHS.value < 1:
+      raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
+    config = workload.benchmark_config()
+    examples, description = workload.load_images()
+    trainer = workload.TrainerRun(config, examples)
+    ops = compiled_ops(config, examples)
+    untraced = min(trainer.epoch(epoch)[0] for epoch in range(1, 4))
+    with tempfile.TemporaryDirectory() as scratch:
+      trace_dir = _TRACE_DIR.value or scratch
+      seconds = trace_epochs(trainer, _EPOCHS.value, trace_dir)
+      totals = op_times(trace_dir, ops)
+  except UserError as error:
+    workload.fail(str(error), 1)
+  print(report(totals, ops, seconds, untraced, _TOP.value, config, examples, description), flush=True)
+
+
+if __name__ == '__main__':
+  flags.FLAGS.set_default('verbosity', -1)
+  app.run(main, flags_parser=workload.parse_flags)

@@ -1,0 +1,310 @@
+"""Training throughput side by side in one process: the trainer, the per-batch loop, the hardware.
+
+  python benchmarks/throughput.py [--batch_size=128] [--num_images=8000] [--data=idx|synthetic]
+
+Times (1) the trainer's own epoch (`JitExecutor`: one compiled scan over device-resident data),
+(2) the conventional loop of google/flax examples/mnist (a jitted step per batch, fed host numpy
+batches) on the same config, model, optimizer, batches and dropout keys, (3) the MLP's matmuls
+alone at the same shapes, and (4) a large float32 matmul, turned into a ceiling on images/s by the
+MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from the same state,
+compared to prove they do the same training. Then each repetition times one epoch of (1) to (3)
+and one matmul, interleaved, so load from other processes hits all of them alike. A fresh
+`python train.py` on the idx files gives the start-up time. Prints a table, then one JSON line.
+"""
+
+import functools
+import json
+import os
+import pathlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+# pylint: disable=g-import-not-at-top,wrong-import-position; workload puts the project on the path.
+import workload
+from workload import ROOT
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from data import batches
+from data.mnist import Examples
+from mlp import epoch as epoch_lib
+from mlp import steps
+from mlp.errors import UserError
+
+_REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
+_MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
+_STARTUP = flags.DEFINE_bool('startup', True, 'Also time a fresh `python train.py` on the idx '
+                             'split test[:8000] from process start to its first epoch.')
+
+STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'test[:8000]', 'test[8000:]'
+MIN_REPEATS = 5
+
+
+class LoopRun:
+  """The google/flax examples/mnist pattern: host numpy dataset, one jitted step call per batch."""
+
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
+    # The same normalized float32 pixels the trainer computes, prepared once on the host.
+    everything = batches.gather(examples.images, examples.labels, jnp.arange(len(examples)))
+    self._images, self._labels = np.asarray(everything['image']), np.asarray(everything['label'])
+    self._plan = jax.jit(epoch_lib.epoch_plan, static_argnums=2, static_argnames='batch_size')
+    self._step = jax.jit(epoch_lib.train_batch)
+    self._batch_size = config.batch_size
+    self._state = workload.initial_state(config, len(examples))
+    self._seed_key = workload.run_key(config)
+
+  def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
+    """Seconds for one epoch of per-batch steps (until all metrics are on the host), its metrics."""
+    start = time.perf_counter()
+    plan, dropout_key = self._plan(self._seed_key, epoch, len(self._labels),
+                                   batch_size=self._batch_size)
+    step_metrics = []
+    for indices in np.asarray(plan):
+      batch = {'image': self._images[indices], 'label': self._labels[indices]}
+      self._state, metrics = self._step(self._state, batch, dropout_key)
+      step_metrics.append(metrics)
+    sums = jax.tree.map(lambda *xs: np.sum(xs), *jax.device_get(step_metrics))
+    seconds = time.perf_counter() - start
+    return seconds, steps.summarize(sums)
+
+  @property
+  def params(self):
+    return self._state.params
+
+
+class MatmulsAloneRun:
+  """Only the MLP's matmuls, forward and backward, at the batch's shapes, scanned over an epoch:
+  what the trainer would reach if the bias, ReLU, loss, dropout and optimizer cost nothing."""
+
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
+    state = workload.initial_state(config, len(examples))
+    layers = sorted(state.params.items(), key=lambda item: int(item[0].rsplit('_', 1)[1]))
+    self._kernels = [layer['kernel'] for _, layer in layers]  # Dense_0, Dense_1, ... in order.
+    self._images = jax.device_put(examples.images)
+    self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
+    self._seed_key = workload.run_key(config)
+    jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, 0))
+
+  @staticmethod
+  def _matmuls(kernels: list[jax.Array], images: jax.Array, seed_key: jax.Array, epoch: jax.Array,
+               *, batch_size: int) -> jax.Array:
+    plan, _ = epoch_lib.epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size)
+
+    def body(carry, indices):
+      # The carry (a scalar of the last step's gradients) keeps XLA from hoisting any step.
+      activations = [jnp.take(images, indices, axis=0).astype(jnp.float32) + carry]
+      for kernel in kernels:
+        activations.append(activations[-1] @ kernel)
+      delta, total = activations.pop(), 0.0
+      for layer in reversed(range(len(kernels))):
+        total += jnp.sum(activations[layer].T @ delta)  # Weight gradient.
+        if layer:
+          delta = delta @ kernels[layer].T  # Input gradient, not needed for the pixels.
+      return 1e-30 * total, None
+
+    return jax.lax.scan(body, jnp.float32(0), plan)[0]
+
+  def epoch(self, epoch: int) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, epoch))
+    return time.perf_counter() - start
+
+
+class MatmulRun:
+  """The machine's float32 matmul rate on one large square product."""
+
+  def __init__(self, size: int):
+    a, b = jax.random.normal(jax.random.key(0), (2, size, size), jnp.float32)
+    self._operands = (a, b)
+    self._matmul = jax.jit(jnp.matmul).lower(a, b).compile()
+    self._flops = 2 * size ** 3
+    jax.block_until_ready(self._matmul(a, b))
+
+  def flops_per_second(self) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(self._matmul(*self._operands))
+    return self._flops / (time.perf_counter() - start)
+
+
+def measure_startup(batch_size: int, data_dir: str) -> dict[str, float | bool]:
+  """Seconds from launching `python train.py` on idx data to its first epoch line, and the modules
+  it imported on the way (as `python -X importtime` lists them): TensorFlow must not be one."""
+  overrides = {'data.source': 'idx', 'data.dir': data_dir, 'data.train_split': STARTUP_TRAIN_SPLIT,
+               'data.eval_split': STARTUP_EVAL_SPLIT, 'num_epochs': 1, 'batch_size': batch_size}
+  with tempfile.TemporaryDirectory() as workdir:
+    command = [sys.executable, '-X', 'importtime', 'train.py', '--config=configs/default.py',
+               *[f'--config.{k}={v}' for k, v in overrides.items()], f'--workdir={workdir}']
+    stderr_path = pathlib.Path(workdir) / 'stderr.txt'
+    seconds, compiled = None, None
+    with open(stderr_path, 'w', encoding='utf-8') as stderr:
+      start = time.perf_counter()
+      with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
+                            text=True) as process:
+        for line in process.stdout:
+          compiled = compiled or re.search(r'compiled in ([\d.]+)s', line)
+          if seconds is None and line.startswith('epoch 1/1'):
+            seconds = time.perf_counter() - start
+    lines = stderr_path.read_text(encoding='utf-8').splitlines()
+  if process.returncode != 0 or seconds is None:
+    errors = [l for l in lines if not l.startswith('import time:')]
+    raise UserError(f'the start-up run of train.py failed ({errors[-1] if errors else "no output"})'
+                    '; check --data_dir, or pass --nostartup')
+  modules = {l.rsplit('|', 1)[-1].strip() for l in lines if l.startswith('import time:')}
+  modules.discard('imported package')  # The column header.
+  return {'seconds': seconds, 'modules_imported': len(modules),
+          'compile_seconds': float(compiled.group(1)) if compiled else None,
+          'tensorflow_imported': any(m.split('.')[0] == 'tensorflow' for m in modules)}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+  return {'median': statistics.median(values), 'min': min(values), 'max': max(values)}
+
+
+def same_training(trainer: workload.TrainerRun, loop: LoopRun, epoch: int) -> dict[str, float]:
+  """One untimed epoch of each from the same state (also their warm-up): the metrics and weights
+  must agree up to float rounding, or the loop is not the same training."""
+  _, trainer_metrics = trainer.epoch(epoch)
+  _, loop_metrics = loop.epoch(epoch)
+  weight_gap = max(float(jnp.max(jnp.abs(a - b)))
+                   for a, b in zip(jax.tree.leaves(trainer.params), jax.tree.leaves(loop.params)))
+  return {'trainer_loss': trainer_metrics['loss'], 'loop_loss': loop_metrics['loss'],
+          'trainer_accuracy': trainer_metrics['accuracy'],
+          'loop_accuracy': loop_metrics['accuracy'], 'max_weight_difference': weight_gap}
+
+
+def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
+        matmul_size: int) -> dict:
+  """The interleaved measurements: per repetition one epoch of the trainer, the loop and the
+  matmuls alone, and one square matmul."""
+  steps_per_epoch = len(examples) // config.batch_size
+  trainer = workload.TrainerRun(config, examples)
+  loop = LoopRun(config, examples)
+  matmuls_alone = MatmulsAloneRun(config, examples)
+  matmul = MatmulRun(matmul_size)
+  check = same_training(trainer, loop, epoch=1)
+
+  flops_per_image = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes))
+  images = steps_per_epoch * config.batch_size
+  trainer_rates, loop_rates, alone_rates, ceilings = [], [], [], []
+  for epoch in range(2, repeats + 2):
+    trainer_rates.append(images / trainer.epoch(epoch)[0])
+    loop_rates.append(images / loop.epoch(epoch)[0])
+    alone_rates.append(images / matmuls_alone.epoch(epoch))
+    ceilings.append(matmul.flops_per_second() / flops_per_image)
+  return {
+      'trainer': spread(trainer_rates), 'loop': spread(loop_rates), 'ceiling': spread(ceilings),
+      'matmuls_alone': spread(alone_rates),
+      'fraction_of_matmuls_alone': spread([t / a for t, a in zip(trainer_rates, alone_rates)]),
+      'matmuls_alone_fraction_of_ceiling': spread([a / c for a, c in zip(alone_rates, ceilings)]),
+      'ratio_vs_loop': spread([t / l for t, l in zip(trainer_rates, loop_rates)]),
+      'fraction_of_ceiling': spread([t / c for t, c in zip(trainer_rates, ceilings)]),
+      'loop_overhead_ms': 1e3 * statistics.median(
+          (images / l - images / t) / steps_per_epoch for t, l in zip(trainer_rates, loop_rates)),
+      'check': check, 'flops_per_image': flops_per_image, 'images_per_epoch': images,
+      'steps_per_epoch': steps_per_epoch,
+  }
+
+
+def _range(values: dict[str, float], fmt: str) -> str:
+  return f'{values["median"]:{fmt}} [{values["min"]:{fmt}} .. {values["max"]:{fmt}}]'
+
+
+def report(figures: dict, config: ml_collections.ConfigDict, description: str,
+           startup: dict[str, float | bool] | None, loads: tuple[float, float], repeats: int,
+           matmul_size: int) -> str:
+  """The table and, as its last line, the JSON object."""
+  device = jax.devices()[0]
+  widths = '-'.join(str(w) for w in (784, *config.model.hidden_sizes, 10))
+  check = figures['check']
+  epoch = lambda rates: figures['images_per_epoch'] / rates['median']
+  rows = (('trainer', 'trainer (scan over device-resident data)'),
+          ('loop', 'conventional loop (jit step, numpy batches)'),
+          ('matmuls_alone', 'the MLP\'s matmuls alone, same shapes'),
+          ('ceiling', 'ceiling (matmul rate / FLOPs per image)'))
+  lines = [
+      f'MLP {widths}, {config.optimizer}, dropout {config.model.dropout_rate}, batch '
+      f'{config.batch_size}, {figures["images_per_epoch"]:,} images per epoch '
+      f'({figures["steps_per_epoch"]} steps); {description}',
+      f'{jax.device_count()} {device.platform} device(s) ({device.device_kind}), '
+      f'{os.cpu_count()} CPU cores, load average {loads[0]:.2f} before, {loads[1]:.2f} after; '
+      f'median [min .. max] of {repeats} interleaved repetitions',
+      '',
+      f'{"":44s} {"images/s":>30s}  {"epoch":>8s}',
+      *[f'{label:44s} {_range(figures[key], ",.0f"):>30s}  {epoch(figures[key]):7.3f}s'
+        for key, label in rows],
+      '',
+      f'trainer / loop:    {_range(figures["ratio_vs_loop"], ".2f")}; the loop spends '
+      f'{figures["loop_overhead_ms"]:.3f} ms more per step (dispatch, host batch, copy to device)',
+      f'trainer / ceiling: {_range(figures["fraction_of_ceiling"], ".1%")} = '
+      f'trainer / matmuls alone {figures["fraction_of_matmuls_alone"]["median"]:.1%} x '
+      f'matmuls alone / ceiling {figures["matmuls_alone_fraction_of_ceiling"]["median"]:.1%}',
+      f'ceiling: {figures["ceiling"]["median"] * figures["flops_per_image"] / 1e9:,.1f} GFLOP/s on '
+      f'a {matmul_size}x{matmul_size} float32 matmul, {figures["flops_per_image"]:,} matmul FLOPs '
+      'per trained image',
+      f'same training: after one epoch from the same state, train loss {check["trainer_loss"]:.6f} '
+      f'(trainer) vs {check["loop_loss"]:.6f} (loop), largest weight difference '
+      f'{check["max_weight_difference"]:.1e}',
+  ]
+  if startup is not None:
+    compile_note = (f', {startup["compile_seconds"]:.1f}s of it compiling'
+                    if startup['compile_seconds'] is not None else '')
+    lines.append(f'start-up: {startup["seconds"]:.2f}s from launching `python train.py` (idx, '
+                 f'{STARTUP_TRAIN_SPLIT}) to its first epoch line{compile_note}; '
+                 f'{startup["modules_imported"]:,} modules imported, TensorFlow '
+                 f'{"among them" if startup["tensorflow_imported"] else "not"}')
+  summary = {
+      'trainer_images_per_second': figures['trainer']['median'],
+      'loop_images_per_second': figures['loop']['median'],
+      'ratio_vs_loop': figures['ratio_vs_loop']['median'],
+      'ceiling_images_per_second': figures['ceiling']['median'],
+      'fraction_of_ceiling': figures['fraction_of_ceiling']['median'],
+      'startup_seconds': startup['seconds'] if startup else None,
+      'tensorflow_imported_at_startup': startup['tensorflow_imported'] if startup else None,
+      'modules_imported_at_startup': startup['modules_imported'] if startup else None,
+      'startup_compile_seconds': startup['compile_seconds'] if startup else None,
+      'matmuls_alone_images_per_second': figures['matmuls_alone']['median'],
+      'spread': {k: figures[k] for k in ('trainer', 'loop', 'matmuls_alone', 'ceiling',
+                                         'ratio_vs_loop', 'fraction_of_ceiling',
+                                         'fraction_of_matmuls_alone',
+                                         'matmuls_alone_fraction_of_ceiling')},
+      'loop_overhead_ms_per_step': figures['loop_overhead_ms'],
+      'matmul_gflops': figures['ceiling']['median'] * figures['flops_per_image'] / 1e9,
+      'flops_per_image': figures['flops_per_image'],
+      'same_training': check,
+      'batch_size': config.batch_size, 'images_per_epoch': figures['images_per_epoch'],
+      'data': description, 'dropout_rate': config.model.dropout_rate,
+      'optimizer': config.optimizer, 'repeats': repeats, 'device': device.device_kind,
+      'load_average': list(loads),
+  }
+  return '\n'.join(lines + ['', json.dumps(summary)])
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  try:
+    if _REPEATS.value < MIN_REPEATS:
+      raise UserError(f'--repeats={_REPEATS.value} is too few for a median with a spread; '
+                      f'use --repeats={MIN_REPEATS} or more')
+    config = workload.benchmark_config()
+    load_before = os.getloadavg()[0]
+    startup = measure_startup(config.batch_size, workload.check_data_dir()) if _STARTUP.value else None
+    examples, description = workload.load_images()
+    figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
+  except UserError as error:
+    workload.fail(str(error), 1)
+  print(report(figures, config, description, startup, (load_before, os.getloadavg()[0]),
+               _REPEATS.value, _MATMUL_SIZE.value), flush=True)
+
+
+if __name__ == '__main__':
+  flags.FLAGS.set_default('verbosity', -1)  # Warnings and errors only, as in train.py.
+  app.run(main, flags_parser=workload.parse_flags)

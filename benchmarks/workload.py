@@ -1,0 +1,142 @@
+"""What a benchmark trains, shared by its scripts: the flags, config, images, and the trainer's epoch."""
+
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))  # Run as `python benchmarks/x.py`, the project root is not on it.
+
+# pylint: disable=g-import-not-at-top,wrong-import-position; the project root must be on the path.
+from absl import flags
+import jax
+import ml_collections
+import numpy as np
+
+from configs import default
+from data.mnist import Examples, load_split
+from data.splits import SPLIT_SIZES
+from mlp import parallel
+from mlp import steps
+from mlp.errors import UserError
+
+BATCH_SIZE = flags.DEFINE_integer('batch_size', 128, 'Global batch size.')
+NUM_IMAGES = flags.DEFINE_integer(
+    'num_images', 8000, 'Images per epoch. idx: the first N of the real test set (repeated past '
+    '10,000); synthetic: N random images of MNIST\'s shape.')
+DATA = flags.DEFINE_enum('data', 'idx', ['idx', 'synthetic'],
+                         'idx: real MNIST from --data_dir; synthetic: random uint8 images.')
+DATA_DIR = flags.DEFINE_string('data_dir', str(ROOT.parent / 'shared' / 'mnist'),
+                               'Folder of the canonical MNIST .gz files.')
+DROPOUT_RATE = flags.DEFINE_float('dropout_rate', None,
+                                  'Overrides model.dropout_rate (default: the config\'s).')
+
+
+def matmul_flops_per_image(hidden_sizes: tuple[int, ...], num_inputs: int = 784,
+                           num_classes: int = 10) -> int:
+  """Forward, weight-gradient and input-gradient matmuls; the pixels need no gradient.
+
+  A [B, m] x [m, n] layer costs 2mn FLOPs per image for each of the three products, except that
+  the first layer has no input gradient to compute.
+  """
+  widths = [num_inputs, *hidden_sizes, num_classes]
+  layers = [2 * m * n for m, n in zip(widths[:-1], widths[1:])]
+  return 2 * sum(layers) + sum(layers[1:])
+
+
+def benchmark_config() -> ml_collections.ConfigDict:
+  """configs/default.py with the flags' batch size and, if given, dropout rate; no pixel shifts.
+
+  The conventional loop (flax examples/mnist) feeds host batches without augmentation, so both sides
+  train on the images as they are.
+  """
+  config = default.get_config()
+  config.data.max_shift = 0
+  config.batch_size = BATCH_SIZE.value
+  if DROPOUT_RATE.value is not None:
+    config.model.dropout_rate = DROPOUT_RATE.value
+  if not 1 <= config.batch_size <= NUM_IMAGES.value:
+    raise UserError(f'--batch_size={config.batch_size} needs 1 <= batch_size <= --num_images '
+                    f'({NUM_IMAGES.value}); lower --batch_size or raise --num_images')
+  if not 0 <= config.model.dropout_rate < 1:
+    raise UserError(f'--dropout_rate must be in [0, 1), got {config.model.dropout_rate!r}')
+  return config
+
+
+def check_data_dir() -> str:
+  """The MNIST folder, or a UserError naming the flag that sets it."""
+  if not pathlib.Path(DATA_DIR.value).expanduser().is_dir():
+    raise UserError(f'data folder {DATA_DIR.value} does not exist; pass --data_dir=FOLDER of the '
+                    'canonical MNIST .gz files, or --data=synthetic --nostartup to run without them')
+  return str(pathlib.Path(DATA_DIR.value).expanduser())
+
+
+def load_images() -> tuple[Examples, str]:
+  """The flags' examples, and a description of them for the table."""
+  num_images = NUM_IMAGES.value
+  if DATA.value == 'synthetic':
+    rng = np.random.default_rng(0)
+    return (Examples(images=rng.integers(0, 256, (num_images, 784), dtype=np.uint8),
+                     labels=rng.integers(0, 10, num_images, dtype=np.int32)),
+            f'synthetic: {num_images:,} random uint8 images of MNIST\'s shape')
+  data_config = ml_collections.ConfigDict({'source': 'idx', 'dir': check_data_dir()})
+  available = SPLIT_SIZES['test']
+  if num_images <= available:
+    return (load_split(data_config, f'test[:{num_images}]'),
+            f'real MNIST test[:{num_images}] (idx files)')
+  full = load_split(data_config, 'test')
+  rows = np.arange(num_images) % available
+  return (Examples(images=full.images[rows], labels=full.labels[rows]),
+          f'real MNIST test set ({available:,}) repeated to {num_images:,} (idx files)')
+
+
+def initial_state(config: ml_collections.ConfigDict, num_examples: int) -> steps.TrainState:
+  """The state `train_and_evaluate` starts from; the same every call."""
+  init_key, _ = jax.random.split(jax.random.key(config.seed))
+  return steps.create_train_state(config, init_key, num_examples // config.batch_size)
+
+
+def run_key(config: ml_collections.ConfigDict) -> jax.Array:
+  """The key `train_and_evaluate` passes to every epoch."""
+  return jax.random.split(jax.random.key(config.seed))[1]
+
+
+class TrainerRun:
+  """The trainer's epoch exactly as `train_and_evaluate` runs it: JitExecutor, compiled ahead."""
+
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
+    self._executor = parallel.JitExecutor(config)
+    self._state = self._executor.put_state(initial_state(config, len(examples)))
+    self._data = self._executor.put_data(examples)
+    self._seed_key = run_key(config)
+    self._executor.compile(self._state, self._data, self._data, self._seed_key)
+
+  def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
+    """Seconds for one epoch (until the state and metrics are ready), and its metrics."""
+    start = time.perf_counter()
+    self._state, sums = self._executor.train_epoch(self._state, self._data, self._seed_key, epoch)
+    jax.block_until_ready((self._state, sums))
+    seconds = time.perf_counter() - start
+    return seconds, self._executor.metrics(sums)
+
+  @property
+  def params(self):
+    return self._state.params
+
+
+def fail(message: str, status: int) -> None:
+  """The one line a user sees for their mistake."""
+  print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
+  sys.exit(status)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """Flag mistakes as one line, not absl's usage dump."""
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as error:
+    fail(f'{error}; run python {argv[0]} --helpshort for the flags', 2)
+  if len(rest) > 1:
+    fail(f'unexpected arguments {rest[1:]}; flags look like --batch_size=256', 2)
+  return rest

@@ -1,0 +1,123 @@
+"""benchmarks/throughput.py on a tiny setting: its JSON line, its FLOP count and its one-line errors.
+
+Timings here prove nothing (the sizes are tiny); the checks are on what could silently rot: the keys,
+figures that must agree with each other, the same-training check and the start-up probe.
+"""
+
+import json
+import math
+import re
+import subprocess
+import sys
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import pytest
+
+from mlp import steps
+from tests.conftest import ROOT, make_config
+
+KEYS = ('trainer_images_per_second', 'loop_images_per_second', 'ratio_vs_loop',
+        'ceiling_images_per_second', 'fraction_of_ceiling', 'startup_seconds')
+
+
+def run_benchmark(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, 'benchmarks/throughput.py', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+
+
+def dot_flops(jaxpr: jax.extend.core.Jaxpr) -> int:
+  """2 * output size * contracted size for every dot_general, nested jaxprs included."""
+  total = 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == 'dot_general':
+      (lhs_contracting, _), _ = eqn.params['dimension_numbers']
+      lhs_shape = eqn.invars[0].aval.shape
+      total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
+          lhs_shape[d] for d in lhs_contracting)
+    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+      total += dot_flops(sub)
+  return total
+
+
+@pytest.fixture(scope='module')
+def tiny_run(mnist_dir) -> tuple[list[str], dict]:
+  """One run for the whole module: it launches train.py for the start-up figure, so it is the
+  slow part (about 20 s on 2 cores)."""
+  out = run_benchmark('--batch_size=32', '--num_images=640', '--repeats=5', '--matmul_size=256',
+                      f'--data_dir={mnist_dir}')
+  assert out.returncode == 0, out.stderr
+  assert 'Traceback' not in out.stderr
+  lines = out.stdout.strip().splitlines()
+  return lines[:-1], json.loads(lines[-1])
+
+
+def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
+  table, figures = tiny_run
+  assert any(l.startswith('trainer / loop:') for l in table)
+  assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
+  assert figures['images_per_epoch'] == 640 and figures['batch_size'] == 32
+  assert figures['data'] == 'real MNIST test[:640] (idx files)'
+  assert figures['matmuls_alone_images_per_second'] > 0
+  for name in ('trainer', 'loop', 'matmuls_alone', 'ceiling', 'ratio_vs_loop',
+               'fraction_of_ceiling', 'fraction_of_matmuls_alone',
+               'matmuls_alone_fraction_of_ceiling'):
+    band = figures['spread'][name]
+    assert band['min'] <= band['median'] <= band['max']
+  assert figures['spread']['trainer']['median'] == figures['trainer_images_per_second']
+  assert figures['ceiling_images_per_second'] == pytest.approx(
+      figures['matmul_gflops'] * 1e9 / figures['flops_per_image'])
+
+
+def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
+  check = tiny_run[1]['same_training']
+  assert check['loop_loss'] == pytest.approx(check['trainer_loss'], rel=1e-4)
+  assert abs(check['loop_accuracy'] - check['trainer_accuracy']) <= 2 / 640
+  assert check['max_weight_difference'] < 1e-2
+
+
+def test_startup_is_a_real_train_py_launch_without_tensorflow(tiny_run):
+  figures = tiny_run[1]
+  assert 0.5 < figures['startup_seconds'] < 300
+  assert 0 < figures['startup_compile_seconds'] < figures['startup_seconds']
+  assert figures['modules_imported_at_startup'] > 100  # jax, flax, optax...: the list was read.
+  assert figures['tensorflow_imported_at_startup'] is False
+
+
+def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
+  state = steps.create_train_state(make_config(), jax.random.key(0), steps_per_epoch=1)
+  batch = {'image': jnp.zeros((8, 784)), 'label': jnp.zeros((8,), jnp.int32)}
+  jaxpr = jax.make_jaxpr(steps.train_step)(state, batch, jax.random.key(1)).jaxpr
+  assert tiny_run[1]['flops_per_image'] == dot_flops(jaxpr) // 8
+
+
+@pytest.mark.parametrize('args, expected', [
+    (['--repeats=3'], '--repeats=3 is too few'),
+    (['--batch_size=0'], 'needs 1 <= batch_size'),
+    (['--data=csv'], 'one of <idx|synthetic>'),
+    (['--nostartup', '--data_dir=/nonexistent/mnist'], 'does not exist; pass --data_dir'),
+    (['--data=synthetic', '--data_dir=/nonexistent/mnist'], 'or --data=synthetic --nostartup'),
+])
+def test_bad_input_ends_in_one_line(args, expected):
+  out = run_benchmark(*args)
+  assert out.returncode != 0
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
+
+
+def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
+  out = subprocess.run([sys.executable, 'benchmarks/profile_epoch.py', '--batch_size=32',
+                        '--num_images=640', '--epochs=1', f'--data_dir={mnist_dir}'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  table = out.stdout.split('group\n', 1)[1].split('\n\n', 1)[0]
+  shares = {}
+  for line in table.splitlines():
+    match = re.match(r'\s*[\d.]+\s+([\d.]+)%\s+(.+)$', line)
+    if match:
+      shares[match.group(2)] = float(match.group(1))
+  assert {'matmuls (forward and backward)', 'optimizer update',
+          'dropout: random bits and masks'} <= set(shares)
+  assert 'not matched to the program' not in shares  # Trace events all named program ops.
+  assert sum(shares.values()) == pytest.approx(100, abs=0.5)
