@@ -1,9 +1,12 @@
 """MNIST through tensorflow-datasets, failing in seconds (not TFDS's minutes of retries) when offline."""
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 import numpy as np
+from absl import logging
 
 from data.idx import FILES
 from mlp.errors import UserError
@@ -26,6 +29,16 @@ def can_reach(address: tuple[str, int] = DOWNLOAD_HOST, timeout: float = 5.0) ->
     return False
 
 
+@contextlib.contextmanager
+def _quiet_absl() -> Iterator[None]:
+  previous = logging.get_verbosity()
+  logging.set_verbosity(logging.ERROR)
+  try:
+    yield
+  finally:
+    logging.set_verbosity(previous)
+
+
 def _check_manual_dir(folder: str) -> None:
   """All four files must be there: TFDS would otherwise try to download the missing ones."""
   if not os.path.isdir(folder):
@@ -40,8 +53,10 @@ def load_tfds(split: str, manual_dir: str = '', data_dir: str = '') -> tuple[np.
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, only for this source
 
-  builder = tfds.builder('mnist', data_dir=data_dir or None)
-  if not builder.is_prepared():
+  with _quiet_absl():  # TFDS warns of a "variant folder" it only looked for; our line says what to do.
+    builder = tfds.builder('mnist', data_dir=data_dir or None)
+    prepared = builder.is_prepared()
+  if not prepared:
     if manual_dir:
       _check_manual_dir(os.path.expanduser(manual_dir))
     if not manual_dir and not can_reach():
