@@ -154,12 +154,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
 
 def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Reporter) -> None:
   """Says where the run continues from, and sets damaged newer checkpoints aside with a warning."""
-  if not _primary():  # One process moves the folders; the others just continue from the same epoch.
-    return
-  moved = checkpoints.set_aside([epoch for epoch, _ in restored.damaged])
+  moved = checkpoints.set_aside([epoch for epoch, _ in restored.damaged])  # Every process: a barrier.
   for (epoch, why), path in zip(restored.damaged, moved):
-    warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell back '
-         f'to epoch {restored.epoch}')
+    if _primary():
+      warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell '
+           f'back to epoch {restored.epoch}')
   reporter.log(f'resumed from epoch {restored.epoch} (checkpoint restored and verified in '
                f'{1000 * restored.seconds:.0f} ms)')
 
