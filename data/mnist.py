@@ -35,6 +35,8 @@ def load_split(data_config: ml_collections.ConfigDict, spec: str) -> Examples:
     images, labels = idx.load_idx(data_config.dir, split)
   else:
     from data import tfds_source  # pylint: disable=g-import-not-at-top; keeps TensorFlow off the idx path
-    images, labels = tfds_source.load_tfds(spec, manual_dir=data_config.dir,
+    # The parsed range, written the way TFDS's own parser accepts it.
+    images, labels = tfds_source.load_tfds(f'{split.name}[{split.start}:{split.stop}]',
+                                           manual_dir=data_config.dir,
                                            data_dir=data_config.get('tfds_data_dir', ''))
   return Examples(images=np.ascontiguousarray(images.reshape(len(labels), -1)), labels=labels)

@@ -25,10 +25,11 @@ from mlp.errors import UserError
 
 STATE, META = 'state', 'meta'
 # Config fields a resumed run may change: how long to train (num_epochs also stretches a cosine
-# schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers.
+# schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers;
+# data.source among them, as TFDS stores MNIST's examples in another order than the IDX files.
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
-    'max_checkpoints_to_keep', 'parallel', 'num_devices', 'data.source', 'data.dir', 'data.tfds_data_dir',
+    'max_checkpoints_to_keep', 'parallel', 'num_devices', 'data.dir', 'data.tfds_data_dir',
     'data.eval_split'})
 DAMAGED_PREFIX = 'damaged-epoch-'
 

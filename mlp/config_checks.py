@@ -1,5 +1,6 @@
 """Config validation before any data or disk is touched: every mistake becomes one actionable line."""
 
+import math
 import numbers
 
 import ml_collections
@@ -31,10 +32,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     _whole_number(config, name)
   if not config.learning_rate > 0:
     raise UserError(f'learning_rate must be positive, got {config.learning_rate!r}')
-  if config.warmup_epochs < 0:
-    raise UserError(f'warmup_epochs must be >= 0, got {config.warmup_epochs!r}')
-  if config.weight_decay < 0:
-    raise UserError(f'weight_decay must be >= 0, got {config.weight_decay!r}')
+  for name in ('warmup_epochs', 'weight_decay'):
+    if not (math.isfinite(config[name]) and config[name] >= 0):
+      raise UserError(f'{name} must be a finite number >= 0, got {config[name]!r}')
   _one_of(config.optimizer, OPTIMIZERS, 'optimizer')
   _one_of(config.schedule, SCHEDULES, 'schedule')
   _one_of(config.parallel, PARALLEL_MODES, 'parallel mode')

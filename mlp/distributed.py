@@ -50,6 +50,13 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   return True
 
 
+def _gather(value: int) -> list[int]:
+  """`value` from every process, in process order (a collective: every process must call it)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  return [int(v) for v in np.ravel(multihost_utils.process_allgather(np.int32(value)))]
+
+
 def agree_to_stop(signal_name: str | None) -> str | None:
   """The stop request of any process, seen by all: orbax's save needs every process at one epoch.
 
@@ -59,8 +66,19 @@ def agree_to_stop(signal_name: str | None) -> str | None:
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return signal_name
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   code = signal.Signals[signal_name].value if signal_name else 0
-  asked = [int(c) for c in np.ravel(multihost_utils.process_allgather(np.int32(code))) if c]
+  asked = [c for c in _gather(code) if c]
   return signal_name or (signal.Signals(asked[0]).name if asked else None)
+
+
+def check_same_checkpoints(newest_epoch: int) -> None:
+  """Every process must see the same newest checkpoint before any restores: orbax restores together."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+  epochs = _gather(newest_epoch)
+  if len(set(epochs)) > 1:
+    newest = ', '.join(map(str, epochs))
+    raise UserError(f'the processes see different checkpoints (newest epoch {newest} for processes '
+                    '0, 1, ...; 0: none): give every process the same --workdir on storage they '
+                    'all share')

@@ -24,10 +24,25 @@ def _primary() -> bool:
   return jax.process_index() == 0
 
 
+def _prepare_workdir(workdir: str) -> None:
+  """The run directory, created and writable, or one line saying why not (process 0 writes it)."""
+  if not _primary():
+    return
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as error:
+    raise UserError(f'cannot create the run directory {workdir} ({error.strerror}); pass a '
+                    '--workdir that can be written to') from error
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise UserError(f'the run directory {workdir} is not writable; pass a --workdir that can be '
+                    'written to')
+
+
 def _restore(config: ml_collections.ConfigDict, executor: parallel.Executor,
              checkpoints: Checkpoints, steps_per_epoch: int
              ) -> tuple[steps.TrainState, jax.Array, Restored | None]:
   """The device state and run key to start from: the newest good checkpoint's, or fresh ones."""
+  distributed.check_same_checkpoints(max(checkpoints.epochs(), default=0))
   init_key, run_key = jax.random.split(jax.random.key(config.seed))
   state = executor.put_state(steps.create_train_state(config, init_key, steps_per_epoch))
   restored = checkpoints.restore(executor.get_state(state), run_key)
@@ -113,6 +128,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   eval_examples = load_split(config.data, config.data.eval_split)
 
   steps_per_epoch = len(train_examples) // config.batch_size
+  _prepare_workdir(workdir)
   with Checkpoints(workdir, config) as checkpoints:  # On exit, every save started is on disk.
     state, run_key, restored = _restore(config, executor, checkpoints, steps_per_epoch)
     start_epoch = restored.epoch if restored else 0
@@ -166,14 +182,20 @@ def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Repor
 def _report_finished(config: ml_collections.ConfigDict, workdir: str, reporter: Reporter,
                      executor: parallel.Executor, state: steps.TrainState,
                      eval_examples: Examples, epoch: int) -> dict[str, float]:
-  """A rerun of a finished run: its final metrics again, from metrics.jsonl or a new evaluation."""
+  """A rerun of a finished run: its final metrics again, evaluated now on this run's eval split.
+
+  Every process evaluates (a collective under pmap). The training figures come from metrics.jsonl
+  when it has the epoch; the eval figures are always fresh, as data.eval_split may have changed.
+  """
   reporter.log(f'nothing to train: the checkpoint is at epoch {epoch} and num_epochs is '
                f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
-  recorded = [r for r in read_records(workdir) if r.get('epoch') == epoch]
+  evaluation = _evaluation(config, executor, state, eval_examples, epoch)
+  recorded = [r for r in read_records(workdir) if r.get('epoch') == epoch] if _primary() else []
   if recorded:
-    reporter.log(format_line(recorded[-1], epoch, 0))
-    return recorded[-1]
-  record = _evaluation(config, executor, state, eval_examples, epoch)
+    record = {**recorded[-1], 'eval_loss': evaluation['eval_loss'],
+              'eval_accuracy': evaluation['eval_accuracy']}
+    reporter.log(format_line(record, epoch, 0))
+    return record
   if _primary():
-    record_evaluation(workdir, record)
-  return record
+    record_evaluation(workdir, evaluation)
+  return evaluation

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from mlp import checkpoint
 from mlp import config_checks
 from mlp import steps
 from mlp import trainer
@@ -347,3 +348,23 @@ def test_metrics_past_the_restored_epoch_and_torn_lines_are_dropped(tmp_path):
 def test_checkpoint_settings_must_be_positive(name):
   with pytest.raises(UserError, match=f'{name} must be a positive integer, got 0'):
     config_checks.validate(make_config(**{name: 0}))
+
+
+def test_a_finished_run_rerun_on_another_eval_split_reports_that_split(small_run, small_copy):
+  other = make_config(**SMALL, data__eval_split='test[6000:8000]')
+  record = trainer.train_and_evaluate(other, str(small_copy))
+  final = read_metrics(small_run)[-1]
+  assert record['train_loss'] == final['train_loss']  # Training figures as recorded...
+  assert record['eval_loss'] != final['eval_loss']  # ...evaluation of the split asked for now.
+  reference = trainer.evaluate_checkpoint(make_config(**SMALL, data__eval_split='test[6000:8000]',
+                                                      eval_only=True), str(small_copy))
+  assert (record['eval_loss'], record['eval_accuracy']) == (reference['eval_loss'],
+                                                            reference['eval_accuracy'])
+
+
+def test_the_data_source_may_not_change_on_resume_but_its_folder_may():
+  saved = checkpoint.flat_config(make_config())
+  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
+      make_config(data__source='tfds'))) == ['data.source']
+  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
+      make_config(data__dir='/elsewhere', num_epochs=40))) == []

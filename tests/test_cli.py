@@ -40,6 +40,8 @@ BAD_INPUTS = {
     'unknown source': ([CONFIG, '--config.data.source=csv'], "unknown data.source 'csv'"),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)], 'batch_size must be a positive'),
     'shift out of range': ([CONFIG, *override_flags(data__max_shift=30)], 'data.max_shift must be'),
+    'warmup that is not a number': ([CONFIG, *override_flags(warmup_epochs='nan')],
+                                    'warmup_epochs must be a finite number'),
     'negative epochs': ([CONFIG, *override_flags(num_epochs=-1)], 'num_epochs must be a positive'),
     'batch larger than the split': ([CONFIG, *override_flags(batch_size=8001)],
                                     'larger than the training split'),
@@ -56,3 +58,14 @@ def test_bad_input_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_di
   corrupt = str(corrupt_copy(mnist_dir, tmp_path / 'corrupt')) if '{corrupt}' in str(args) else ''
   assert_fails_cleanly([a.replace('{corrupt}', corrupt) for a in args], expected, tmp_path / 'run')
   assert not (ROOT / 'checkpoints' / 'nope').exists()
+
+
+def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, mnist_dir):
+  blocker = tmp_path / 'a_file'
+  blocker.write_text('keep me')
+  out = run_train(CONFIG, f'--workdir={blocker / "run"}', *override_flags(num_epochs=1))
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [
+      f'error: cannot create the run directory {blocker / "run"} (Not a directory); pass a '
+      '--workdir that can be written to']
+  assert blocker.read_text() == 'keep me'

@@ -121,6 +121,16 @@ def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_
   assert not (tmp_path / 'process1').exists()
   assert not [line for line in second.splitlines() if line.startswith(('epoch ', 'training'))]
 
+  # Rerun on workdirs that only process 0 can see (like disks local to each host): process 0
+  # would resume at epoch 2 and process 1 start afresh. Both stop with one line before restoring
+  # anything (orbax restores together, so a restore on one process alone would wait forever).
+  processes = launch_two_processes(args, lambda i: tmp_path / f'process{i}')
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [1, 1]
+  for _, err in outputs:
+    assert err.strip().splitlines()[-1].startswith(
+        'error: the processes see different checkpoints (newest epoch 2, 0 for processes 0, 1, ...')
+
 
 def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_path, mnist_dir):
   epochs = 12

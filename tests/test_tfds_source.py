@@ -70,3 +70,11 @@ def test_manual_dir_missing_files_is_named_before_tfds_tries_to_download_them(tm
   with pytest.raises(UserError, match='lacks train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz;'):
     load_split(config.data, 'train')
   assert time.monotonic() - start < 10
+
+
+def test_tfds_is_given_the_parsed_range_in_its_own_syntax(tmp_path, monkeypatch):
+  asked = []
+  monkeypatch.setattr(tfds_source, 'load_tfds', lambda spec, **_: asked.append(spec) or (
+      np.zeros((1, 28, 28), np.uint8), np.zeros(1, np.int32)))
+  load_split(tfds_config(tmp_path).data, ' train [ 10% : -100 ] ')
+  assert asked == ['train[6000:59900]']  # Spaces are fine here, but TFDS's parser rejects them.
