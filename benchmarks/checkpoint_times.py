@@ -25,14 +25,14 @@ from absl import flags
 from absl import logging
 import jax
 
+from benchmarks import workload
 from configs import default
 from data.mnist import load_split
 from mlp import checkpoint
 from mlp import parallel
 from mlp import steps
+from mlp.errors import UserError
 
-DATA_DIR = flags.DEFINE_string('data_dir', str(ROOT.parent / 'shared' / 'mnist'),
-                               'Folder of the MNIST IDX .gz files.')
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 BLOCK = 3  # Epochs per block of the with/without-saves comparison.
 
@@ -47,9 +47,20 @@ def _folder_bytes(folder: str) -> int:
 
 def main(argv: list[str]) -> None:
   del argv
+  try:
+    if not os.path.isdir(workload.DATA_DIR.value):
+      raise UserError(f'data folder {workload.DATA_DIR.value} does not exist; pass '
+                      '--data_dir=FOLDER of the canonical MNIST .gz files')
+    measure(workload.DATA_DIR.value)
+  except UserError as error:
+    workload.fail(str(error), 1)
+
+
+def measure(data_dir: str) -> None:
+  """Prints the checkpoint costs for the default config trained on the idx files in `data_dir`."""
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at info.
   config = default.get_config()
-  config.data.source, config.data.dir = 'idx', DATA_DIR.value
+  config.data.source, config.data.dir = 'idx', data_dir
   config.data.train_split, config.data.eval_split = 'test[:8000]', 'test[8000:]'
   config.max_checkpoints_to_keep = 2
   examples = load_split(config.data, config.data.train_split)
@@ -115,4 +126,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=workload.parse_flags)
