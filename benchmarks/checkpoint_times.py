@@ -65,7 +65,7 @@ def measure(data_dir: str) -> None:
   config.max_checkpoints_to_keep = 2
   examples = load_split(config.data, config.data.train_split)
   executor = parallel.make_executor(config)
-  init_key, run_key = jax.random.split(jax.random.key(config.seed))
+  init_key, run_key = steps.run_keys(config.seed)
   state = executor.put_state(steps.create_train_state(config, init_key, len(examples) // config.batch_size))
   data = executor.put_data(examples)
   eval_data = executor.put_data(load_split(config.data, config.data.eval_split))

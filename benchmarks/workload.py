@@ -93,13 +93,13 @@ def load_images() -> tuple[Examples, str]:
 
 def initial_state(config: ml_collections.ConfigDict, num_examples: int) -> steps.TrainState:
   """The state `train_and_evaluate` starts from; the same every call."""
-  init_key, _ = jax.random.split(jax.random.key(config.seed))
-  return steps.create_train_state(config, init_key, num_examples // config.batch_size)
+  return steps.create_train_state(config, steps.run_keys(config.seed)[0],
+                                  num_examples // config.batch_size)
 
 
 def run_key(config: ml_collections.ConfigDict) -> jax.Array:
   """The key `train_and_evaluate` passes to every epoch."""
-  return jax.random.split(jax.random.key(config.seed))[1]
+  return steps.run_keys(config.seed)[1]
 
 
 class TrainerRun:

@@ -18,6 +18,12 @@ def create_model(config: ml_collections.ConfigDict) -> MLP:
   return MLP(hidden_sizes=tuple(config.model.hidden_sizes), dropout_rate=config.model.dropout_rate)
 
 
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+  """The two keys a run derives from its seed: one initializes the model, one drives every epoch."""
+  init_key, run_key = jax.random.split(jax.random.key(seed))
+  return init_key, run_key
+
+
 def create_train_state(config: ml_collections.ConfigDict, rng: jax.Array,
                        steps_per_epoch: int) -> TrainState:
   """Initial parameters and optimizer state for the config's model and optimizer."""

@@ -43,7 +43,7 @@ def _restore(config: ml_collections.ConfigDict, executor: parallel.Executor,
              ) -> tuple[steps.TrainState, jax.Array, Restored | None]:
   """The device state and run key to start from: the newest good checkpoint's, or fresh ones."""
   distributed.check_same_checkpoints(max(checkpoints.epochs(), default=0))
-  init_key, run_key = jax.random.split(jax.random.key(config.seed))
+  init_key, run_key = steps.run_keys(config.seed)
   state = executor.put_state(steps.create_train_state(config, init_key, steps_per_epoch))
   restored = checkpoints.restore(executor.get_state(state), run_key)
   if restored is None:

@@ -44,7 +44,7 @@ def walk_replicated_state(config) -> dict:
   executor = parallel.make_executor(config)
   train = load_split(config.data, config.data.train_split)
   evaluation = load_split(config.data, config.data.eval_split)
-  init_key, run_key = jax.random.split(jax.random.key(config.seed))
+  init_key, run_key = steps.run_keys(config.seed)
   initial = steps.create_train_state(config, init_key, len(train) // config.batch_size)
   train_data, eval_data = executor.put_data(train), executor.put_data(evaluation)
 
