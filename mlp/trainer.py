@@ -45,6 +45,7 @@ def _restore(config: ml_collections.ConfigDict, executor: parallel.Executor,
   distributed.check_same_checkpoints(max(checkpoints.epochs(), default=0))
   init_key, run_key = steps.run_keys(config.seed)
   state = executor.put_state(steps.create_train_state(config, init_key, steps_per_epoch))
+  # The device round trip gives the template its saved types (the fresh step is a Python int).
   restored = checkpoints.restore(executor.get_state(state), run_key)
   if restored is None:
     return state, run_key, None
