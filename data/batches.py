@@ -31,9 +31,8 @@ def eval_steps(num_examples: int, batch_size: int, num_shards: int,
   positions = jnp.arange(steps * batch_size)
   mask = positions < num_examples
   indices = jnp.minimum(positions, num_examples - 1)
-  per_shard = batch_size // num_shards
-  pick = lambda a: jnp.take(a.reshape(steps, num_shards, per_shard), shard, axis=1)
-  return pick(indices), pick(mask)
+  return (shard_steps(indices, batch_size, num_shards, shard),
+          shard_steps(mask, batch_size, num_shards, shard))
 
 
 def shift_offsets(key: jax.Array, epoch: jax.Array, indices: jax.Array,
