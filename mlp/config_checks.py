@@ -12,9 +12,14 @@ from mlp.optim import OPTIMIZERS, SCHEDULES
 from mlp.parallel import PARALLEL_MODES
 
 
+def _is_int(value) -> bool:
+  """An integer proper: True and False are ints to Python, never to a config."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _whole_number(config: ml_collections.ConfigDict, name: str, minimum: int = 1) -> None:
   value = config[name]
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+  if not _is_int(value) or value < minimum:
     kind = 'a positive integer' if minimum == 1 else f'an integer >= {minimum}'
     raise UserError(f'{name} must be {kind}, got {value!r}; '
                     f'set --config.{name}=N with N >= {minimum}')
@@ -40,14 +45,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _one_of(config.parallel, PARALLEL_MODES, 'parallel mode')
   _whole_number(config, 'num_devices', minimum=0)
   widths = config.model.hidden_sizes
-  if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w > 0 for w in widths):
+  if not all(_is_int(w) and w > 0 for w in widths):
     raise UserError(f'model.hidden_sizes must be positive integers, got {widths!r}; '
                     'write it like --config.model.hidden_sizes="(512, 512)"')
   if not 0 <= config.model.dropout_rate < 1:
     raise UserError(f'model.dropout_rate must be in [0, 1), got {config.model.dropout_rate!r}')
   check_source(config.data.source)
   shift = config.data.max_shift
-  if isinstance(shift, bool) or not isinstance(shift, numbers.Integral) or not 0 <= shift <= 8:
+  if not _is_int(shift) or not 0 <= shift <= 8:
     raise UserError(f'data.max_shift must be an integer from 0 to 8 pixels, got {shift!r}')
   train_size = parse_split(config.data.train_split).size
   parse_split(config.data.eval_split)
