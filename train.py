@@ -4,13 +4,12 @@ import functools
 import os
 import re
 import sys
-from collections.abc import Callable
 
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from mlp.errors import UserError
+from mlp.errors import UserError, fail
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
@@ -35,11 +34,6 @@ _INIT_TIMEOUT = flags.DEFINE_integer(
     lower_bound=1)
 
 
-def _fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:
-  print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
-  exit_now(status)
-
-
 def _unknown_field(error: Exception) -> str:
   """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
   text = str(error.args[0]) if error.args else str(error)
@@ -62,18 +56,18 @@ def parse_flags(argv: list[str]) -> list[str]:
     if config is not None:
       config.keys()  # A config file that failed to load raises on first use: make that use here.
   except flags.Error as error:
-    _fail(f'{error}; run python train.py --helpshort for the flags', 2)
+    fail(f'{error}; run python train.py --helpshort for the flags', 2)
   except (AttributeError, KeyError) as error:
-    _fail(_unknown_field(error), 2)
+    fail(_unknown_field(error), 2)
   except OSError as error:
-    _fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
+    fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
           '--config=configs/default.py or another file in configs/', 2)
   except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
-    _fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
+    fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
   if len(rest) > 1:
-    _fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
+    fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
   if config is None:
-    _fail('no config given; pass --config=configs/default.py (or another file in configs/)', 2)
+    fail('no config given; pass --config=configs/default.py (or another file in configs/)', 2)
   return rest
 
 
@@ -92,9 +86,9 @@ def main(argv: list[str]) -> None:
     distributed.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                      detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
                      # From a watchdog thread, where sys.exit would end only the thread.
-                     give_up=functools.partial(_fail, status=1, exit_now=os._exit))
+                     give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
-    _fail(str(error), 1)
+    fail(str(error), 1)
   from mlp import preemption  # pylint: disable=g-import-not-at-top
   from mlp import trainer  # pylint: disable=g-import-not-at-top
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
@@ -103,12 +97,12 @@ def main(argv: list[str]) -> None:
       trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir(),
                                  should_stop=stop_request)
     except UserError as error:
-      _fail(str(error), 1)
+      fail(str(error), 1)
     except preemption.Preempted as stopped:
       print(stopped, file=sys.stderr, flush=True)
       sys.exit(stopped.exit_status)
     except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
-      _fail('interrupted before the next checkpoint; rerun the same command to resume from the '
+      fail('interrupted before the next checkpoint; rerun the same command to resume from the '
             'newest one', 130)
 
 

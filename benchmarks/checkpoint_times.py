@@ -31,7 +31,7 @@ from data.mnist import load_split
 from mlp import checkpoint
 from mlp import parallel
 from mlp import steps
-from mlp.errors import UserError
+from mlp.errors import UserError, fail
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 BLOCK = 3  # Epochs per block of the with/without-saves comparison.
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> None:
                       '--data_dir=FOLDER of the canonical MNIST .gz files')
     measure(workload.DATA_DIR.value)
   except UserError as error:
-    workload.fail(str(error), 1)
+    fail(str(error), 1)
 
 
 def measure(data_dir: str) -> None:

@@ -27,7 +27,7 @@ import ml_collections
 
 from data.mnist import Examples
 from mlp import epoch as epoch_lib
-from mlp.errors import UserError
+from mlp.errors import UserError, fail
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
 _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
@@ -162,7 +162,7 @@ def main(argv: list[str]) -> None:
       seconds = trace_epochs(trainer, _EPOCHS.value, trace_dir)
       totals = op_times(trace_dir, ops)
   except UserError as error:
-    workload.fail(str(error), 1)
+    fail(str(error), 1)
   print(report(totals, ops, seconds, untraced, _TOP.value, config, examples, description), flush=True)
 
 

@@ -38,7 +38,7 @@ from data import batches
 from data.mnist import Examples
 from mlp import epoch as epoch_lib
 from mlp import steps
-from mlp.errors import UserError
+from mlp.errors import UserError, fail
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
@@ -300,7 +300,7 @@ def main(argv: list[str]) -> None:
     examples, description = workload.load_images()
     figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
   except UserError as error:
-    workload.fail(str(error), 1)
+    fail(str(error), 1)
   print(report(figures, config, description, startup, (load_before, os.getloadavg()[0]),
                _REPEATS.value, _MATMUL_SIZE.value), flush=True)
 

@@ -19,7 +19,7 @@ from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
 from mlp import parallel
 from mlp import steps
-from mlp.errors import UserError
+from mlp.errors import UserError, fail
 
 BATCH_SIZE = flags.DEFINE_integer('batch_size', 128, 'Global batch size.')
 NUM_IMAGES = flags.DEFINE_integer(
@@ -123,12 +123,6 @@ class TrainerRun:
   @property
   def params(self):
     return self._state.params
-
-
-def fail(message: str, status: int) -> None:
-  """The one line a user sees for their mistake."""
-  print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
-  sys.exit(status)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
