@@ -107,10 +107,11 @@ def _unretrieved_orbax_task(record: logging.LogRecord) -> bool:
 
 
 def _mute_abandoned_reads() -> None:
-  """Silences the tracebacks a failed restore prints later, after it was reported as one warning.
+  """Silences the tracebacks a failed restore prints besides the one warning that reports it.
 
   When one array of a restore fails, orbax abandons the others; they end in an event loop already
-  closed, and Python reports each as an ignored exception or an unretrieved task.
+  closed, and Python reports each as an ignored exception or an unretrieved task, sometimes while
+  the failure is still unwinding. So this is in place before any restore is tried.
   """
   if not getattr(sys.unraisablehook, 'mutes_orbax', False):
     previous = sys.unraisablehook
@@ -169,6 +170,7 @@ class Checkpoints:
     Raises UserError when the checkpoints come from another config, or when every one is damaged.
     """
     start = time.perf_counter()
+    _mute_abandoned_reads()
     target = jax.tree.map(ocp.utils.to_shape_dtype_struct, saved_tree(template, rng))
     damaged = []
     for epoch in reversed(self.epochs()):
@@ -184,7 +186,6 @@ class Checkpoints:
         tree = self._manager.restore(epoch, args=ocp.args.Composite(
             **{STATE: ocp.args.StandardRestore(target)}))[STATE]
       except Exception as error:  # pylint: disable=broad-except
-        _mute_abandoned_reads()
         damaged.append((epoch, f'its state cannot be read ({_why(error)})'))
         continue
       if fingerprint(tree) != saved_fingerprint:
