@@ -1,6 +1,6 @@
 """Checkpoint costs, side by side in one process: save, restore, fingerprint, and epochs with and without saves.
 
-  python benchmarks/checkpoint_times.py [--data_dir=../shared/mnist] [--repeats=10]
+  python benchmarks/checkpoint_times.py [--data_dir=data/mnist] [--repeats=10]
 
 Trains the default config (784-512-512-10, AdamW: an 8 MB state) on the first 8,000 real test
 images. Times are medians over --repeats; the epoch comparison alternates blocks of plain epochs

@@ -27,7 +27,7 @@ NUM_IMAGES = flags.DEFINE_integer(
     '10,000); synthetic: N random images of MNIST\'s shape.')
 DATA = flags.DEFINE_enum('data', 'idx', ['idx', 'synthetic'],
                          'idx: real MNIST from --data_dir; synthetic: random uint8 images.')
-DATA_DIR = flags.DEFINE_string('data_dir', str(ROOT.parent / 'shared' / 'mnist'),
+DATA_DIR = flags.DEFINE_string('data_dir', str(ROOT / 'data' / 'mnist'),
                                'Folder of the canonical MNIST .gz files.')
 DROPOUT_RATE = flags.DEFINE_float('dropout_rate', None,
                                   'Overrides model.dropout_rate (default: the config\'s).')

@@ -11,7 +11,7 @@ import pytest
 from configs import default
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-MNIST_DIR = ROOT.parent / 'shared' / 'mnist'
+MNIST_DIR = ROOT / 'data' / 'mnist'  # The canonical test files the project carries.
 # The real-data split used throughout: train on the first 8,000 test images, evaluate on the last 2,000.
 REAL_SPLITS = {'data.source': 'idx', 'data.dir': str(MNIST_DIR),
                'data.train_split': 'test[:8000]', 'data.eval_split': 'test[8000:]'}
@@ -62,5 +62,5 @@ def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
 @pytest.fixture(scope='session')
 def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():
-    pytest.fail(f'the real MNIST test set is expected in {MNIST_DIR}')
+    pytest.fail(f'the MNIST test files the project carries are missing from {MNIST_DIR}')
   return MNIST_DIR
