@@ -5,7 +5,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from mlp.errors import UserError
+from errors import UserError
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -48,6 +48,12 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   finally:
     watchdog.cancel()
   return True
+
+
+def is_primary() -> bool:
+  """Process 0 writes the run's files and log; every process computes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
 
 
 def _gather(value: int) -> list[int]:
