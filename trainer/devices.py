@@ -21,16 +21,19 @@ def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_co
   """'jit', 'mesh' or 'pmap' for the config on this many devices and processes, or a UserError."""
   wanted, mode = config.num_devices, config.parallel
   if wanted and wanted != device_count:
-    raise ConfigError('num_devices', f'asks for {wanted} devices but {device_count} '
-                      f'{"is" if device_count == 1 else "are"} present', wanted, '0')
+    raise ConfigError('num_devices', f'must match the {device_count} '
+                      f'device{"s" if device_count > 1 else ""} present', wanted, '0')
   if mode == 'auto':
     mode = 'mesh' if device_count > 1 else 'jit'
-  if mode == 'jit' and (process_count > 1 or wanted > 1):
-    raise ConfigError('parallel', f'jit trains on one device, but this run has {process_count} '
-                      f'processes and {wanted or device_count} devices', mode, 'mesh')
-  if mode == 'pmap' and process_count > 1:
-    raise ConfigError('parallel', f'pmap runs in one process, but this run has {process_count}',
+  if mode == 'jit' and process_count > 1:
+    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes',
                       mode, 'mesh')
+  if mode == 'jit' and wanted > 1:
+    raise ConfigError('parallel', f'must be mesh or pmap (or auto) to train on num_devices={wanted}',
+                      mode, 'mesh')
+  if mode == 'pmap' and process_count > 1:
+    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes '
+                      '(pmap runs in one)', mode, 'mesh')
   if mode != 'jit':
     for name in ('batch_size', 'eval_batch_size'):
       if config[name] % device_count:
@@ -78,7 +81,11 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
     compiled = mapped.lower(index, args).compile()
     return lambda *args: compiled(index, args)
   if mode == 'mesh':
-    per_device = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P())
+    # check_vma=False keeps pmap's meaning of the per-device code: jax.grad of replicated params
+    # is each device's own gradient, which train_step averages with pmean. (With varying-axis
+    # checks, grad would already sum over devices, and the pmean would leave Adam's moments 8x.)
+    per_device = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(),
+                               check_vma=False)
   return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
 
 

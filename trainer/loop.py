@@ -29,6 +29,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   examples = load_split(config.data, config.data.eval_split)
   steps_per_epoch = len(train) // config.batch_size
   reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
+  processes.check_shared_directory(workdir)
   with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
     restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
     if restored:

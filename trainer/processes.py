@@ -1,5 +1,6 @@
 """Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else."""
 
+import os
 import re
 import signal
 import threading
@@ -88,3 +89,16 @@ def check_same_checkpoints(newest_epoch: int) -> None:
     raise UserError(f'the processes see different checkpoints (newest epoch {newest} for processes '
                     '0, 1, ...; 0: none): give every process the same --workdir on storage they '
                     'all share')
+
+
+def check_shared_directory(workdir: str) -> None:
+  """Every process must see the run directory process 0 made: they all write one checkpoint."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+  _gather(0)  # A barrier: process 0 has made the directory once every process is past it.
+  seen = _gather(int(os.path.isdir(workdir)))
+  if not all(seen):
+    missing = ', '.join(str(i) for i, ok in enumerate(seen) if not ok)
+    raise UserError(f'process {missing} cannot see the run directory that process 0 made (here: '
+                    f'{workdir}): give every process the same --workdir on storage they all share')
