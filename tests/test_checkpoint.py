@@ -18,6 +18,7 @@ from trainer import checkpoints as checkpoint
 from trainer import config_checks
 from mlp import steps
 from trainer import evaluation, loop
+from trainer.run_setup import make_mesh, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.preemption import Preempted, StopRequest
@@ -57,9 +58,9 @@ def small_copy(small_run, tmp_path):
 
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = jax.device_get(jax.device_put(steps.create_train_state(config, jax.random.key(0), 1)))
+  template = state_template(config, make_mesh(config), steps_per_epoch=1)
   with Checkpoints(str(workdir), config, read_only=True) as checkpoints:
-    return checkpoints.restore(template, jax.random.key(0))
+    return checkpoints.restore(template)
 
 
 def assert_same_params(workdir, reference, config):

@@ -48,6 +48,8 @@ def report_finished(config: ml_collections.ConfigDict, mesh: Mesh, restored: Res
 
   The training figures come from metrics.jsonl; without that record, the evaluation stands alone.
   """
+  reporter.log(f'nothing to train: the checkpoint is at epoch {restored.epoch} and num_epochs is '
+               f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
   evaluated = _score(config, mesh, restored, examples)
   recorded = reporter.recorded(restored.epoch)
   if recorded:
