@@ -9,7 +9,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from mlp.errors import UserError, fail
+from errors import ConfigError, UserError, fail
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
@@ -78,32 +78,43 @@ def default_workdir() -> str:
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'checkpoints', name)
 
 
+def advice(error: UserError) -> str:
+  """The error's one line, with a config field's fix in flag syntax."""
+  if isinstance(error, ConfigError):
+    return f'{error}; pass --config.{error.field}={error.fix}'
+  return str(error)
+
+
 def main(argv: list[str]) -> None:
   del argv
-  from mlp import distributed  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
+  from trainer import config_checks, processes
+  config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
   try:
-    # Before anything imports the trainer and touches JAX: initialize refuses after that.
-    distributed.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                     detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
-                     # From a watchdog thread, where sys.exit would end only the thread.
-                     give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    config_checks.validate(config)
+    # Before any computation: jax.distributed.initialize refuses after that.
+    processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                   detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
+                   # From a watchdog thread, where sys.exit would end only the thread.
+                   give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
-    fail(str(error), 1)
-  from mlp import preemption  # pylint: disable=g-import-not-at-top
-  from mlp import trainer  # pylint: disable=g-import-not-at-top
+    fail(advice(error), 1)
+  from trainer import evaluation, loop, preemption
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
   with preemption.StopRequest() as stop_request:
     try:
-      trainer.train_and_evaluate(_CONFIG.value, _WORKDIR.value or default_workdir(),
-                                 should_stop=stop_request)
+      if config.eval_only:
+        evaluation.evaluate_checkpoint(config, workdir)
+      else:
+        loop.train_and_evaluate(config, workdir, should_stop=stop_request)
     except UserError as error:
-      fail(str(error), 1)
+      fail(advice(error), 1)
     except preemption.Preempted as stopped:
       print(stopped, file=sys.stderr, flush=True)
       sys.exit(stopped.exit_status)
     except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
       fail('interrupted before the next checkpoint; rerun the same command to resume from the '
-            'newest one', 130)
+           'newest one', 130)
 
 
 if __name__ == '__main__':

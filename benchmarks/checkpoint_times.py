@@ -1,6 +1,6 @@
 """Checkpoint costs, side by side in one process: save, restore, fingerprint, and epochs with and without saves.
 
-  python benchmarks/checkpoint_times.py [--data_dir=data/mnist] [--repeats=10]
+  python -m benchmarks.checkpoint_times [--data_dir=data/mnist] [--repeats=10]
 
 Trains the default config (784-512-512-10, AdamW: an 8 MB state) on the first 8,000 real test
 images. Times are medians over --repeats; the epoch comparison alternates blocks of plain epochs
@@ -11,13 +11,9 @@ machine load.
 import os
 import pathlib
 import statistics
-import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))  # Run as `python benchmarks/x.py`, the project root is not on it.
 
 # pylint: disable=g-import-not-at-top,wrong-import-position; the project root must be on the path.
 from absl import app
@@ -28,10 +24,9 @@ import jax
 from benchmarks import workload
 from configs import default
 from data.mnist import load_split
-from mlp import checkpoint
-from mlp import parallel
-from mlp import steps
-from mlp.errors import UserError, fail
+from errors import UserError, fail
+from trainer import checkpoints as checkpoint
+from trainer.run_setup import make_mesh, set_up_run, state_template
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 BLOCK = 3  # Epochs per block of the with/without-saves comparison.
@@ -64,19 +59,14 @@ def measure(data_dir: str) -> None:
   config.data.train_split, config.data.eval_split = 'test[:8000]', 'test[8000:]'
   config.max_checkpoints_to_keep = 2
   examples = load_split(config.data, config.data.train_split)
-  executor = parallel.make_executor(config)
-  init_key, run_key = steps.run_keys(config.seed)
-  state = executor.put_state(steps.create_train_state(config, init_key, len(examples) // config.batch_size))
-  data = executor.put_data(examples)
-  eval_data = executor.put_data(load_split(config.data, config.data.eval_split))
-  executor.compile(state, data, eval_data, run_key)
-  epoch = 0
+  mesh = make_mesh(config)
+  run = set_up_run(config, mesh, examples, load_split(config.data, config.data.eval_split))
+  state, run_key, epoch = run.state, run.run_key, 0
 
   def train_epoch() -> None:
     nonlocal state, epoch
     epoch += 1
-    state, sums = executor.train_epoch(state, data, run_key, epoch)
-    executor.metrics(sums)  # Waits for the device.
+    state, _ = run.train_epoch(state, epoch)  # Waits for the device's metrics.
 
   train_epoch()  # Warm-up.
   with tempfile.TemporaryDirectory() as workdir:
@@ -84,7 +74,7 @@ def measure(data_dir: str) -> None:
       pauses, whole_saves = [], []
       for _ in range(REPEATS.value):
         start = time.perf_counter()
-        checkpoints.save(epoch + len(pauses), executor.get_state(state), run_key)
+        checkpoints.save(epoch + len(pauses), state, run_key)
         pauses.append(time.perf_counter() - start)
         checkpoints.wait()
         whole_saves.append(time.perf_counter() - start)
@@ -99,24 +89,25 @@ def measure(data_dir: str) -> None:
         start = time.perf_counter()
         for _ in range(BLOCK):
           train_epoch()
-          checkpoints.save(epoch, executor.get_state(state), run_key)
+          checkpoints.save(epoch, state, run_key)
         checkpoints.wait()
         saving.append((time.perf_counter() - start) / BLOCK)
 
-      template = executor.get_state(state)
+      template = state_template(config, mesh, len(examples) // config.batch_size)
       restores, fingerprints = [], []
       for _ in range(REPEATS.value):
         start = time.perf_counter()
-        restored = checkpoints.restore(template, run_key)
+        restored = checkpoints.restore(template)
         restores.append(time.perf_counter() - start)
         start = time.perf_counter()
-        checkpoint.fingerprint(checkpoint.saved_tree(restored.state, restored.rng))
+        checkpoint.fingerprint(jax.device_get(
+            checkpoint.saved_tree(restored.state, jax.random.key_data(run_key))))
         fingerprints.append(time.perf_counter() - start)
       size = _folder_bytes(os.path.join(workdir, str(restored.epoch)))
 
   print(f'{jax.device_count()} {jax.default_backend()} device(s); state {size / 2**20:.1f} MiB on '
         f'disk; medians of {REPEATS.value}')
-  print(f'save, training held up (copy to host, fingerprint, orbax start): {_ms(pauses)}')
+  print(f'save, training held up (fingerprint, copy to host, orbax start): {_ms(pauses)}')
   print(f'save, until complete on disk:                                  {_ms(whole_saves)}')
   print(f'restore + verify (metadata, state, fingerprint):               {_ms(restores)}')
   print(f'  of which the fingerprint (SHA-256 of the state):             {_ms(fingerprints)}')

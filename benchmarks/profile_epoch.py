@@ -1,6 +1,6 @@
 """Where the trainer's epoch spends its time: a jax.profiler trace of compiled epochs, op by op.
 
-  python benchmarks/profile_epoch.py [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
+  python -m benchmarks.profile_epoch [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
 
 Traces the trainer's epoch (the same JitExecutor program the throughput benchmark times), adds up
 the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
@@ -11,7 +11,6 @@ TensorBoard's profile plugin or Perfetto.
 """
 
 import collections
-import functools
 import glob
 import re
 import tempfile
@@ -19,15 +18,14 @@ import tempfile
 from absl import app
 from absl import flags
 
-# pylint: disable=g-import-not-at-top,wrong-import-position; workload puts the project on the path.
-import workload
 import jax
 import jax.numpy as jnp
 import ml_collections
 
 from data.mnist import Examples
-from mlp import epoch as epoch_lib
-from mlp.errors import UserError, fail
+from benchmarks import workload
+from benchmarks.workload import ROOT
+from errors import UserError, fail
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
 _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
@@ -37,18 +35,9 @@ _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default:
 CONTAINERS = ('while', 'conditional', 'call')
 
 
-def compiled_ops(config: ml_collections.ConfigDict, examples: Examples) -> dict[str, tuple[str, str]]:
-  """Instruction name -> (opcode, op_name) of the trainer's compiled epoch.
-
-  The executor keeps its program to itself, so this compiles the same function with the same
-  arguments again; XLA names the instructions alike, and the report says how much it matched.
-  """
-  program = jax.jit(functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size),
-                    donate_argnums=0)
-  state = workload.initial_state(config, len(examples))
-  hlo_text = program.lower(state, examples.images, examples.labels, workload.run_key(config),
-                           jnp.int32(0)).compile().as_text()
-  return _named_ops(hlo_text)
+def compiled_ops(trainer: workload.TrainerRun) -> dict[str, tuple[str, str]]:
+  """Instruction name -> (opcode, op_name) of the trainer's compiled epoch, the program it runs."""
+  return _named_ops(trainer.compiled_text())
 
 
 def _named_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
@@ -155,7 +144,7 @@ def main(argv: list[str]) -> None:
     config = workload.benchmark_config()
     examples, description = workload.load_images()
     trainer = workload.TrainerRun(config, examples)
-    ops = compiled_ops(config, examples)
+    ops = compiled_ops(trainer)
     untraced = min(trainer.epoch(epoch)[0] for epoch in range(1, 4))
     with tempfile.TemporaryDirectory() as scratch:
       trace_dir = _TRACE_DIR.value or scratch

@@ -1,6 +1,6 @@
 """Training throughput side by side in one process: the trainer, the per-batch loop, the hardware.
 
-  python benchmarks/throughput.py [--batch_size=128] [--num_images=8000] [--data=idx|synthetic]
+  python -m benchmarks.throughput [--batch_size=128] [--num_images=8000] [--data=idx|synthetic]
 
 Times (1) the trainer's own epoch (`JitExecutor`: one compiled scan over device-resident data),
 (2) the conventional loop of google/flax examples/mnist (a jitted step per batch, fed host numpy
@@ -26,24 +26,28 @@ import time
 from absl import app
 from absl import flags
 
-# pylint: disable=g-import-not-at-top,wrong-import-position; workload puts the project on the path.
-import workload
-from workload import ROOT
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from data import batches
 from data.mnist import Examples
 from mlp import epoch as epoch_lib
 from mlp import steps
-from mlp.errors import UserError, fail
+from benchmarks import workload
+from benchmarks.workload import ROOT
+from errors import UserError, fail
+from mlp import batches
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
 _STARTUP = flags.DEFINE_bool('startup', True, 'Also time a fresh `python train.py` on the idx '
                              'split test[:8000] from process start to its first epoch.')
+
+_COMPARE_MODES = flags.DEFINE_bool(
+    'compare_modes', False, 'Instead of the table above: the trainer\'s epoch under jit (one '
+    'device), mesh and pmap (every device), interleaved; run with several devices, e.g. '
+    'XLA_FLAGS=--xla_force_host_platform_device_count=8.')
 
 STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'test[:8000]', 'test[8000:]'
 MIN_REPEATS = 5
@@ -288,6 +292,28 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
   return '\n'.join(lines + ['', json.dumps(summary)])
 
 
+def compare_modes(config: ml_collections.ConfigDict, examples: Examples, repeats: int) -> str:
+  """Median epoch seconds of each parallel mode, timed in turn so load hits all alike."""
+  runs = {}
+  for mode in ('jit', 'mesh', 'pmap'):
+    mode_config = config.copy_and_resolve_references()
+    mode_config.parallel = mode
+    runs[mode] = workload.TrainerRun(mode_config, examples)
+    runs[mode].epoch(1)  # Warm-up.
+  seconds = {mode: [] for mode in runs}
+  for epoch in range(2, repeats + 2):
+    for mode, trainer in runs.items():
+      seconds[mode].append(trainer.epoch(epoch)[0])
+  medians = {mode: statistics.median(values) for mode, values in seconds.items()}
+  lines = [f'{runs[mode].placement:60s} {medians[mode]:8.4f}s per epoch  '
+           f'{len(examples) // config.batch_size * config.batch_size / medians[mode]:>10,.0f} '
+           'images/s' for mode in runs]
+  ratio = medians['mesh'] / medians['pmap']
+  lines.append(f'mesh / pmap epoch time: {ratio:.3f} (median of {repeats} interleaved epochs)')
+  return '\n'.join(lines + ['', json.dumps({'epoch_seconds': medians, 'mesh_over_pmap': ratio,
+                                            'devices': jax.device_count()})])
+
+
 def main(argv: list[str]) -> None:
   del argv
   try:
@@ -295,6 +321,9 @@ def main(argv: list[str]) -> None:
       raise UserError(f'--repeats={_REPEATS.value} is too few for a median with a spread; '
                       f'use --repeats={MIN_REPEATS} or more')
     config = workload.benchmark_config()
+    if _COMPARE_MODES.value:
+      print(compare_modes(config, workload.load_images()[0], _REPEATS.value))
+      return
     load_before = os.getloadavg()[0]
     startup = measure_startup(config.batch_size, workload.check_data_dir()) if _STARTUP.value else None
     examples, description = workload.load_images()

@@ -1,14 +1,8 @@
 """What a benchmark trains, shared by its scripts: the flags, config, images, and the trainer's epoch."""
 
 import pathlib
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))  # Run as `python benchmarks/x.py`, the project root is not on it.
-
-# pylint: disable=g-import-not-at-top,wrong-import-position; the project root must be on the path.
 from absl import flags
 import jax
 import ml_collections
@@ -17,11 +11,15 @@ import numpy as np
 from configs import default
 from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
-from mlp import parallel
+from errors import UserError, fail
 from mlp import steps
-from mlp.errors import UserError, fail
+from trainer.run_setup import make_mesh, set_up_run
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 BATCH_SIZE = flags.DEFINE_integer('batch_size', 128, 'Global batch size.')
+PARALLEL = flags.DEFINE_enum('parallel', 'jit', ['jit', 'mesh', 'pmap'],
+                             'How the trainer runs the epoch (mesh and pmap use every device).')
 NUM_IMAGES = flags.DEFINE_integer(
     'num_images', 8000, 'Images per epoch. idx: the first N of the real test set (repeated past '
     '10,000); synthetic: N random images of MNIST\'s shape.')
@@ -54,6 +52,7 @@ def benchmark_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.data.max_shift = 0
   config.batch_size = BATCH_SIZE.value
+  config.parallel = PARALLEL.value
   if DROPOUT_RATE.value is not None:
     config.model.dropout_rate = DROPOUT_RATE.value
   if not 1 <= config.batch_size <= NUM_IMAGES.value:
@@ -103,26 +102,27 @@ def run_key(config: ml_collections.ConfigDict) -> jax.Array:
 
 
 class TrainerRun:
-  """The trainer's epoch exactly as `train_and_evaluate` runs it: JitExecutor, compiled ahead."""
+  """The trainer's epoch exactly as `train_and_evaluate` runs it: the run set-up, compiled ahead."""
 
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
-    self._executor = parallel.JitExecutor(config)
-    self._state = self._executor.put_state(initial_state(config, len(examples)))
-    self._data = self._executor.put_data(examples)
-    self._seed_key = run_key(config)
-    self._executor.compile(self._state, self._data, self._data, self._seed_key)
+    self._run = set_up_run(config, make_mesh(config), examples, examples)
+    self._state = self._run.state
+    self.placement = self._run.programs.placement
 
   def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
-    """Seconds for one epoch (until the state and metrics are ready), and its metrics."""
+    """Seconds for one epoch (until the state and metrics are on the host), and its metrics."""
     start = time.perf_counter()
-    self._state, sums = self._executor.train_epoch(self._state, self._data, self._seed_key, epoch)
-    jax.block_until_ready((self._state, sums))
-    seconds = time.perf_counter() - start
-    return seconds, self._executor.metrics(sums)
+    self._state, metrics = self._run.train_epoch(self._state, epoch)
+    jax.block_until_ready(self._state)
+    return time.perf_counter() - start, metrics
 
   @property
   def params(self):
     return self._state.params
+
+  def compiled_text(self) -> str:
+    """The compiled training epoch as XLA text (jit and mesh; pmap keeps its program to itself)."""
+    return self._run.programs.train.as_text()
 
 
 def parse_flags(argv: list[str]) -> list[str]:

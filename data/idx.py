@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 
 from data.splits import Split
-from mlp.errors import UserError
+from errors import UserError
 
 # The files TFDS registers for MNIST, with their SHA-256 (tensorflow_datasets/url_checksums/mnist.txt).
 FILES = {

@@ -7,7 +7,6 @@ import numpy as np
 
 from data import idx
 from data.splits import parse_split
-from mlp.errors import UserError
 
 SOURCES = ('tfds', 'idx')
 
@@ -22,14 +21,8 @@ class Examples:
     return int(self.labels.shape[0])
 
 
-def check_source(source: str) -> None:
-  if source not in SOURCES:
-    raise UserError(f'unknown data.source {source!r}; use one of {", ".join(SOURCES)}')
-
-
 def load_split(data_config: ml_collections.ConfigDict, spec: str) -> Examples:
   """Loads one split (TFDS slice syntax) from the configured source."""
-  check_source(data_config.source)
   split = parse_split(spec)
   if data_config.source == 'idx':
     images, labels = idx.load_idx(data_config.dir, split)

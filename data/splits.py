@@ -3,7 +3,7 @@
 import dataclasses
 import re
 
-from mlp.errors import UserError
+from errors import UserError
 
 # Example counts of MNIST's canonical splits (the same for the TFDS and IDX sources).
 SPLIT_SIZES = {'train': 60_000, 'test': 10_000}

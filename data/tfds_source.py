@@ -9,7 +9,7 @@ import numpy as np
 from absl import logging
 
 from data.idx import FILES
-from mlp.errors import UserError
+from errors import UserError
 
 # Where TFDS downloads MNIST from (tensorflow_datasets/image_classification/mnist.py).
 DOWNLOAD_HOST = ('storage.googleapis.com', 443)

@@ -3,12 +3,15 @@
 import jax
 import jax.numpy as jnp
 
-from data import batches
+from mlp import batches
 from mlp import steps
 
 
-def _shard_index(axis_name: str | None) -> jax.Array:
-  return jax.lax.axis_index(axis_name) if axis_name is not None else jnp.int32(0)
+def _shard(axis_name: str | None) -> tuple[jax.Array, int]:
+  """This device's index along the data axis, and the axis size: (0, 1) outside any mapping."""
+  if axis_name is None:
+    return jnp.int32(0), 1
+  return jax.lax.axis_index(axis_name), jax.lax.axis_size(axis_name)
 
 
 def _total(sums: steps.Metrics, axis_name: str | None) -> steps.Metrics:
@@ -36,14 +39,14 @@ def train_batch(state: steps.TrainState, batch: steps.Batch, dropout_key: jax.Ar
 
 
 def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
-                epoch: jax.Array, *, batch_size: int, max_shift: int = 0, num_shards: int = 1,
+                epoch: jax.Array, *, batch_size: int, max_shift: int = 0,
                 axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
   """Trains on one epoch of the resident data; returns the new state and the epoch's metric sums.
 
-  With `axis_name` this runs under pmap: shard k of `num_shards` takes piece k of every global
-  batch, gradients are averaged and metric sums added over the axis.
+  Per device: with `axis_name` (under shard_map or pmap), device k of n takes piece k of every
+  global batch, gradients are averaged and metric sums added over the axis.
   """
-  shard = _shard_index(axis_name)
+  shard, num_shards = _shard(axis_name)
   step_indices, dropout_key = epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size,
                                          num_shards=num_shards, shard=shard)
   shift_key = jax.random.fold_in(seed_key, 2)
@@ -58,10 +61,10 @@ def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, s
 
 
 def evaluate(state: steps.TrainState, images: jax.Array, labels: jax.Array, *, batch_size: int,
-             num_shards: int = 1, axis_name: str | None = None) -> steps.Metrics:
+             axis_name: str | None = None) -> steps.Metrics:
   """Scores every example exactly once (the last batch padded and masked); returns metric sums."""
-  indices, masks = batches.eval_steps(images.shape[0], batch_size, num_shards,
-                                      _shard_index(axis_name))
+  shard, num_shards = _shard(axis_name)
+  indices, masks = batches.eval_steps(images.shape[0], batch_size, num_shards, shard)
 
   def body(_, step):
     step_indices, mask = step

@@ -14,14 +14,15 @@ import jax
 import numpy as np
 import pytest
 
-from mlp import checkpoint
-from mlp import config_checks
+from trainer import checkpoints as checkpoint
+from trainer import config_checks
 from mlp import steps
-from mlp import trainer
-from mlp.checkpoint import DAMAGED_PREFIX, Checkpoints
-from mlp.errors import UserError
-from mlp.preemption import Preempted, StopRequest
-from mlp.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
+from trainer import evaluation, loop
+from trainer.run_setup import make_mesh, state_template
+from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
+from errors import UserError
+from trainer.preemption import Preempted, StopRequest
+from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from tests.conftest import ROOT, make_config, override_flags, run_train
 from tests.test_trainer import read_metrics, without_timings
 
@@ -35,7 +36,7 @@ LONG = dict(num_epochs=4)
 def run_dir(tmp_path_factory, name: str, **overrides) -> str:
   """An uninterrupted run of the overrides' config, the reference the other runs must match."""
   workdir = tmp_path_factory.mktemp(name)
-  trainer.train_and_evaluate(make_config(**overrides), str(workdir))
+  loop.train_and_evaluate(make_config(**overrides), str(workdir))
   return workdir
 
 
@@ -57,9 +58,9 @@ def small_copy(small_run, tmp_path):
 
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = jax.device_get(jax.device_put(steps.create_train_state(config, jax.random.key(0), 1)))
+  template = state_template(config, make_mesh(config), steps_per_epoch=1)
   with Checkpoints(str(workdir), config, read_only=True) as checkpoints:
-    return checkpoints.restore(template, jax.random.key(0))
+    return checkpoints.restore(template)
 
 
 def assert_same_params(workdir, reference, config):
@@ -97,12 +98,12 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     small_run, tmp_path, capsys):
   config = make_config(**SMALL)
   with pytest.raises(Preempted) as stopped:
-    trainer.train_and_evaluate(config, str(tmp_path), should_stop=stop_after(1))
+    loop.train_and_evaluate(config, str(tmp_path), should_stop=stop_after(1))
   assert 'after epoch 1' in str(stopped.value) and 'rerun the same command' in str(stopped.value)
   assert stopped.value.exit_status == 128 + signal.SIGTERM
   assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
 
-  trainer.train_and_evaluate(config, str(tmp_path))
+  loop.train_and_evaluate(config, str(tmp_path))
   assert 'resumed from epoch 1' in capsys.readouterr().out
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, config)
@@ -111,7 +112,7 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
 
 def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, small_copy, capsys):
   before = snapshot(small_copy)
-  record = trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  record = loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
   assert record == read_metrics(small_run)[-1]
   assert 'nothing to train' in capsys.readouterr().out
   assert {k: v for k, v in snapshot(small_copy).items() if 'tfevents' not in k} == {
@@ -120,7 +121,7 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
   # Three more epochs, a checkpoint every 2 and the last, keeping 2: saves 4 and 6, drops 1 to 3.
   more = make_config(**{**SMALL, 'num_epochs': 6}, checkpoint_every_epochs=2,
                      max_checkpoints_to_keep=2)
-  trainer.train_and_evaluate(more, str(small_copy))
+  loop.train_and_evaluate(more, str(small_copy))
   records = read_metrics(small_copy)
   assert [r['epoch'] for r in records] == [1, 2, 3, 4, 5, 6]
   assert records[:3] == read_metrics(small_run)
@@ -130,7 +131,7 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
 
 def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):
   (small_copy / METRICS_FILE).unlink()
-  record = trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  record = loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
       3, final['eval_loss'], final['eval_accuracy'])
@@ -186,7 +187,7 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(damag
     assert out.returncode == 0, out.stderr
     stdout, stderr = out.stdout, out.stderr
   else:
-    trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+    loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
     stdout, stderr = capfd.readouterr()
   warnings = stderr.strip().splitlines()
   assert len(warnings) == 1, stderr  # One line: no traceback from the failed read either.
@@ -204,7 +205,7 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   partial = shutil.copytree(small_copy / '3', small_copy / '4.orbax-checkpoint-tmp')
   truncate(largest_file(partial / 'state'))
   (partial / 'state' / '_METADATA').unlink()
-  trainer.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), str(small_copy))
+  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), str(small_copy))
   assert 'resumed from epoch 3' in capsys.readouterr().out
   assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
@@ -215,7 +216,7 @@ def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy
     truncate(largest_file(small_copy / str(epoch) / 'state'))
   before = snapshot(small_copy)
   with pytest.raises(UserError, match='no checkpoint in .* can be restored') as error:
-    trainer.train_and_evaluate(make_config(**SMALL), str(small_copy))
+    loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
   assert all(f'epoch {epoch}' in str(error.value) for epoch in (1, 2, 3))
   assert snapshot(small_copy) == before
 
@@ -224,7 +225,7 @@ def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields
   before = snapshot(small_copy)
   other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd')
   with pytest.raises(UserError) as error:
-    trainer.train_and_evaluate(other, str(small_copy))
+    loop.train_and_evaluate(other, str(small_copy))
   message = str(error.value)
   assert 'model.hidden_sizes=(512, 512)' in message and 'model.hidden_sizes=(64,)' in message
   assert "optimizer='adamw'" in message and "optimizer='sgd'" in message
@@ -238,7 +239,7 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
                        model__dropout_rate=0.0, optimizer='sgd', schedule='constant',
                        warmup_epochs=4.0, learning_rate=4000.0)
   with pytest.raises(UserError) as error:
-    trainer.train_and_evaluate(config, str(tmp_path))
+    loop.train_and_evaluate(config, str(tmp_path))
   bad_epoch = int(re.search(r'loss is (nan|inf) in epoch (\d)', str(error.value)).group(2))
   assert bad_epoch >= 2  # Otherwise nothing good was saved before it and this proves little.
   assert f'newest checkpoint: epoch {bad_epoch - 1}' in str(error.value)
@@ -251,7 +252,7 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
 
 def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, small_copy, tmp_path):
   before = snapshot(small_copy)
-  record = trainer.train_and_evaluate(make_config(**SMALL, eval_only=True), str(small_copy))
+  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), str(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
       3, final['eval_loss'], final['eval_accuracy'])
@@ -259,13 +260,13 @@ def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, smal
   assert [json.loads(line) for line in lines] == [record]
   assert {k: v for k, v in snapshot(small_copy).items() if k != EVAL_FILE} == before
 
-  other_split = trainer.train_and_evaluate(
+  other_split = evaluation.evaluate_checkpoint(
       make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'), str(small_copy))
   assert other_split['eval_split'] == 'test[:1000]'
   assert other_split['eval_accuracy'] != record['eval_accuracy']
 
   with pytest.raises(UserError, match='no checkpoint in .* to evaluate'):
-    trainer.train_and_evaluate(make_config(**SMALL, eval_only=True), str(tmp_path / 'none'))
+    evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), str(tmp_path / 'none'))
   assert not (tmp_path / 'none').exists()
 
 
@@ -352,11 +353,11 @@ def test_checkpoint_settings_must_be_positive(name):
 
 def test_a_finished_run_rerun_on_another_eval_split_reports_that_split(small_run, small_copy):
   other = make_config(**SMALL, data__eval_split='test[6000:8000]')
-  record = trainer.train_and_evaluate(other, str(small_copy))
+  record = loop.train_and_evaluate(other, str(small_copy))
   final = read_metrics(small_run)[-1]
   assert record['train_loss'] == final['train_loss']  # Training figures as recorded...
   assert record['eval_loss'] != final['eval_loss']  # ...evaluation of the split asked for now.
-  reference = trainer.evaluate_checkpoint(make_config(**SMALL, data__eval_split='test[6000:8000]',
+  reference = evaluation.evaluate_checkpoint(make_config(**SMALL, data__eval_split='test[6000:8000]',
                                                       eval_only=True), str(small_copy))
   assert (record['eval_loss'], record['eval_accuracy']) == (reference['eval_loss'],
                                                             reference['eval_accuracy'])

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from data import batches
+from mlp import batches
 from data.idx import load_idx
 from data.splits import parse_split
-from mlp.errors import UserError
+from errors import UserError
 from tests.conftest import ROOT
 
 
@@ -62,7 +62,7 @@ def test_idx_rejects_a_file_that_fails_its_checksum(mnist_dir, tmp_path):
 
 def test_idx_path_does_not_import_tensorflow(mnist_dir):
   code = ('import sys; from data.mnist import load_split; from tests.conftest import make_config; '
-          'load_split(make_config().data, "test[:10]"); import mlp.trainer; '
+          'load_split(make_config().data, "test[:10]"); import trainer.loop, trainer.evaluation; '
           'print("tensorflow" in sys.modules)')
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
   assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""Data parallel training: pmap on 8 devices, or 2 processes of 2, gives one device's numbers.
+"""Data parallel training: mesh or pmap on 8 devices, or 2 processes of 2, give one device's numbers.
 
 Every multi-device case runs in its own process with its own simulated CPU device count: the count
 is fixed when JAX starts, and the flag slows single-device code.
@@ -14,12 +14,12 @@ import time
 
 import pytest
 
-from mlp import config_checks
-from mlp import parallel
-from mlp.errors import UserError
-from mlp.reporting import METRICS_FILE
+from trainer import config_checks
+from trainer.devices import choose_mode
+from errors import ConfigError, UserError
+from trainer.reporting import METRICS_FILE
 from tests.conftest import ROOT, assert_fails_cleanly, make_config, override_flags, run_train
-from tests.pmap_probe import SETTINGS
+from tests.parallel_probe import MODES, SETTINGS
 
 CONFIG = '--config=configs/default.py'
 TRAIN_COUNT, EVAL_COUNT = 4096, 2000  # Images trained on per epoch and scored, under SETTINGS.
@@ -46,33 +46,34 @@ def assert_same_numbers(records: list[dict], reference: list[dict]) -> None:
 
 @pytest.fixture(scope='module')
 def probe(tmp_path_factory, mnist_dir):
-  """tests/pmap_probe.py run once on 8 simulated devices: its report, stdout and output folder."""
+  """tests/parallel_probe.py run once on 8 simulated devices: its report, stdout and output folder."""
   out = tmp_path_factory.mktemp('probe')
-  result = subprocess.run([sys.executable, '-m', 'tests.pmap_probe', str(out)], cwd=ROOT,
+  result = subprocess.run([sys.executable, '-m', 'tests.parallel_probe', str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, **on_devices(8)})
   assert result.returncode == 0, result.stderr
   return json.loads((out / 'probe.json').read_text()), result.stdout, out
 
 
-def test_pmap_on_8_devices_gives_one_devices_numbers_each_epoch(probe):
+@pytest.mark.parametrize('mode', ['mesh', 'pmap'])
+def test_8_devices_give_one_devices_numbers_each_epoch(probe, mode):
   report, stdout, out = probe
   assert report['device_count'] == 8
-  assert 'pmap over 8 cpu devices, 16 per device per step' in stdout  # Not a silent jit fallback.
+  assert f'{mode} on 8 cpu devices, 16 per device per step' in stdout  # Not a silent fallback.
   assert 'jit on 1 cpu device' in stdout
-  assert_same_numbers(read_metrics(out / 'pmap'), read_metrics(out / 'jit'))
+  assert_same_numbers(read_metrics(out / mode), read_metrics(out / 'jit'))
 
 
-def test_replicated_state_leaves_as_one_copy_and_counts_each_example_once(probe):
-  state = probe[0]['pmap_state']
-  assert state['executor'] == 'PmapExecutor'
-  assert state['replicated_shapes'] == [[8] + shape for shape in state['initial_shapes']]
-  assert state['round_trip_is_initial']
+def test_replicated_state_is_one_global_copy_and_counts_each_example_once(probe):
+  state = probe[0]['mesh_state']
+  assert state['mesh_size'] == 8 and state['replicated']
   assert state['host_shapes'] == state['initial_shapes']  # Saved state: one copy, not 8.
   assert state['host_step'] == TRAIN_COUNT // SETTINGS['batch_size']
-  assert state['train_sums']['count'] == TRAIN_COUNT  # Summed over devices once, not 8 times.
-  assert state['eval_sums']['count'] == EVAL_COUNT
-  assert 0 < state['eval_sums']['correct'] <= EVAL_COUNT
+  jit_first = read_metrics(probe[2] / 'jit')[0]
+  assert state['train_metrics']['loss'] == pytest.approx(jit_first['train_loss'], rel=1e-5)
+  assert state['eval_metrics']['accuracy'] == pytest.approx(jit_first['eval_accuracy'],
+                                                            abs=1 / EVAL_COUNT + 1e-9)
+  assert state['eval_count'] == EVAL_COUNT  # Summed over the devices once, not 8 times.
   # Resuming from the host copy continues exactly as if the state had never left the devices.
   assert state['resumed_metrics_equal'] and state['resumed_state_equal']
 
@@ -104,27 +105,36 @@ def finish(processes: list[subprocess.Popen]) -> list[tuple[str, str]]:
 
 
 def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_dir):
-  args = [CONFIG, *override_flags(parallel='pmap', **SETTINGS)]
+  args = [CONFIG, *override_flags(parallel='mesh', **SETTINGS)]
   reference = run_train(*args, f'--workdir={tmp_path / "one"}', env=on_devices(4))
   assert reference.returncode == 0, reference.stderr
 
-  processes = launch_two_processes(args, lambda i: tmp_path / f'process{i}')
+  shared = tmp_path / 'shared'
+  processes = launch_two_processes(args, lambda i: shared)
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
 
-  assert_same_numbers(read_metrics(tmp_path / 'process0'), read_metrics(tmp_path / 'one'))
+  assert_same_numbers(read_metrics(shared), read_metrics(tmp_path / 'one'))
   first, second = outputs[0][0], outputs[1][0]
-  assert 'pmap over 4 cpu devices in 2 processes, 32 per device per step' in first
+  assert 'mesh on 4 cpu devices in 2 processes, 32 per device per step' in first
   assert sum(line.startswith('epoch ') for line in first.splitlines()) == 2
-  assert list((tmp_path / 'process0').glob('events.out.tfevents.*'))
-  # Process 1 computed the same epochs but wrote no file and no log line.
-  assert not (tmp_path / 'process1').exists()
+  assert len(list(shared.glob('events.out.tfevents.*'))) == 1
+  # Process 1 computed the same epochs but printed no log line.
   assert not [line for line in second.splitlines() if line.startswith(('epoch ', 'training'))]
 
-  # Rerun on workdirs that only process 0 can see (like disks local to each host): process 0
-  # would resume at epoch 2 and process 1 start afresh. Both stop with one line before restoring
-  # anything (orbax restores together, so a restore on one process alone would wait forever).
-  processes = launch_two_processes(args, lambda i: tmp_path / f'process{i}')
+  # Run directories local to each host: process 1 cannot see the one process 0 made. Both stop
+  # with one line before any checkpoint is written (orbax writes one checkpoint together).
+  processes = launch_two_processes(args, lambda i: tmp_path / f'local{i}')
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [1, 1]
+  for _, err in outputs:
+    assert err.strip().splitlines()[-1].startswith(
+        'error: process 1 cannot see the run directory that process 0 made')
+
+  # Each host's own copy, one of them behind: process 0 would resume at epoch 2 and process 1
+  # start afresh. Both stop with one line before restoring anything (orbax restores together).
+  (tmp_path / 'behind').mkdir()
+  processes = launch_two_processes(args, lambda i: shared if i == 0 else tmp_path / 'behind')
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [1, 1]
   for _, err in outputs:
@@ -134,7 +144,7 @@ def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_
 
 def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_path, mnist_dir):
   epochs = 12
-  args = [CONFIG, *override_flags(parallel='pmap', **{**SETTINGS, 'num_epochs': epochs,
+  args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': epochs,
                                                        'data__train_split': 'test[:2048]'})]
   workdir = tmp_path / 'run'
   processes = launch_two_processes(args, lambda i: workdir)
@@ -160,30 +170,35 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_p
 
 @pytest.mark.parametrize('overrides, devices, processes, mode', [
     ({}, 1, 1, 'jit'),
-    ({}, 8, 1, 'pmap'),
-    ({}, 4, 2, 'pmap'),
+    ({}, 8, 1, 'mesh'),
+    ({}, 4, 2, 'mesh'),
     ({'parallel': 'pmap'}, 1, 1, 'pmap'),
+    ({'parallel': 'mesh'}, 1, 1, 'mesh'),
     ({'parallel': 'jit', 'batch_size': 100}, 8, 1, 'jit'),
-    ({'num_devices': 8}, 8, 1, 'pmap'),
+    ({'num_devices': 8}, 8, 1, 'mesh'),
 ])
 def test_mode_follows_the_config_and_the_devices(overrides, devices, processes, mode):
-  assert parallel.choose_mode(make_config(**overrides), devices, processes) == mode
+  assert choose_mode(make_config(**overrides), devices, processes) == mode
 
 
-@pytest.mark.parametrize('overrides, devices, processes, message', [
-    ({'batch_size': 100}, 8, 1,
-     'batch_size 100 does not divide evenly over 8 devices; pass --config.batch_size=104'),
+@pytest.mark.parametrize('overrides, devices, processes, message, fix', [
+    ({'batch_size': 100}, 8, 1, 'batch_size must divide evenly over 8 devices, got 100', '104'),
     ({'eval_batch_size': 1001}, 4, 2,
-     'eval_batch_size 1001 does not divide evenly over 4 devices; pass --config.eval_batch_size=1004'),
-    ({'num_devices': 8}, 1, 1, 'asks for 8 devices (num_devices=8) but 1 is present'),
-    ({'parallel': 'jit'}, 4, 2, 'parallel=jit trains on one device, but this run has 2 processes'),
-    ({'parallel': 'jit', 'num_devices': 8}, 8, 1, 'the config asks for 8 (num_devices)'),
+     'eval_batch_size must divide evenly over 4 devices, got 1001', '1004'),
+    ({'num_devices': 8}, 1, 1, 'num_devices must match the 1 device present, got 8', '0'),
+    ({'parallel': 'jit'}, 4, 2, "parallel must be mesh (or auto) in a run of 2 processes, got 'jit'",
+     'mesh'),
+    ({'parallel': 'pmap'}, 4, 2, 'parallel must be mesh (or auto) in a run of 2 processes (pmap',
+     'mesh'),
+    ({'parallel': 'jit', 'num_devices': 8}, 8, 1,
+     'parallel must be mesh or pmap (or auto) to train on num_devices=8', 'mesh'),
 ])
-def test_a_mismatch_of_config_and_devices_is_one_actionable_line(overrides, devices, processes,
-                                                                  message):
-  with pytest.raises(UserError) as error:
-    parallel.choose_mode(make_config(**overrides), devices, processes)
+def test_a_mismatch_of_config_and_devices_names_the_field_and_a_fix(overrides, devices, processes,
+                                                                     message, fix):
+  with pytest.raises(ConfigError) as error:
+    choose_mode(make_config(**overrides), devices, processes)
   assert message in str(error.value) and '\n' not in str(error.value)
+  assert error.value.fix == fix
 
 
 def test_a_negative_device_count_is_refused_before_any_work():
@@ -194,10 +209,10 @@ def test_a_negative_device_count_is_refused_before_any_work():
 BAD_LAUNCHES = {
     'batch that does not split over 8 devices': (
         [CONFIG, *override_flags(batch_size=100)], 8,
-        'batch_size 100 does not divide evenly over 8 devices'),
+        'batch_size must divide evenly over 8 devices, got 100; pass --config.batch_size=104'),
     'the TPU v3-8 config on one device': (
         ['--config=configs/tpu_v3_8.py', *override_flags()], 1,
-        'the config asks for 8 devices (num_devices=8) but 1 is present'),
+        'num_devices must match the 1 device present, got 8; pass --config.num_devices=0'),
     'a process id past the process count': (
         [CONFIG, '--coordinator_address=127.0.0.1:1', '--num_processes=2', '--process_id=2'], 1,
         'process_id < num_processes'),
@@ -217,32 +232,9 @@ def test_bad_launch_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_d
   assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
 
 
-# Constant learning rate: a run stopped after epoch 1 (num_epochs=1) and resumed with num_epochs=2
-# then follows the same schedule as one that ran 2 epochs straight.
-RESUMABLE = {**SETTINGS, 'schedule': 'constant', 'warmup_epochs': 0}
-
-
-def train_on(devices: int, workdir, epochs: int) -> subprocess.CompletedProcess:
-  mode = 'pmap' if devices > 1 else 'jit'
-  out = run_train(CONFIG, f'--workdir={workdir}', env=on_devices(devices),
-                  *override_flags(**{**RESUMABLE, 'num_epochs': epochs, 'parallel': mode}))
-  assert out.returncode == 0, out.stderr
-  return out
-
-
-@pytest.fixture(scope='module')
-def straight_run(tmp_path_factory, mnist_dir):
-  """2 epochs on one device without a stop: the numbers every resumed run must end with."""
-  workdir = tmp_path_factory.mktemp('straight')
-  train_on(1, workdir, 2)
-  return read_metrics(workdir)
-
-
-@pytest.mark.parametrize('first, then', [(8, 1), (1, 8)])
-def test_a_checkpoint_from_one_device_count_resumes_on_another(first, then, straight_run, tmp_path):
-  workdir = tmp_path / 'run'
-  train_on(first, workdir, 1)
-  out = train_on(then, workdir, 2)
-  assert 'resumed from epoch 1' in out.stdout
-  assert ('pmap over 8 cpu devices' if then == 8 else 'jit on 1 cpu device') in out.stdout
-  assert_same_numbers(read_metrics(workdir), straight_run)
+@pytest.mark.parametrize('first', MODES)
+@pytest.mark.parametrize('then', MODES)
+def test_a_checkpoint_saved_in_one_mode_resumes_in_any_other_exactly(probe, first, then):
+  """jit runs on 1 of the 8 devices, mesh and pmap on all 8: modes and device counts both change."""
+  out = probe[2]
+  assert_same_numbers(read_metrics(out / f'{first}-{then}'), read_metrics(out / 'jit-jit'))

@@ -8,8 +8,8 @@ import tensorflow_datasets as tfds
 
 from data import tfds_source
 from data.mnist import load_split
-from mlp import trainer
-from mlp.errors import UserError
+from trainer import evaluation, loop
+from errors import UserError
 from tests.conftest import make_config
 
 
@@ -32,7 +32,7 @@ def test_training_runs_end_to_end_on_the_tfds_path(tmp_path, monkeypatch):
   config = tfds_config(tmp_path, num_epochs=2, batch_size=50, data__train_split='train',
                        data__eval_split='test')
   with tfds.testing.mock_data(num_examples=200):
-    record = trainer.train_and_evaluate(config, str(tmp_path / 'run'))
+    record = loop.train_and_evaluate(config, str(tmp_path / 'run'))
   assert record['epoch'] == 2
   assert np.isfinite(record['train_loss']) and 0.0 <= record['eval_accuracy'] <= 1.0
 

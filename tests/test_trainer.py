@@ -6,10 +6,10 @@ import jax
 import numpy as np
 
 from data.mnist import load_split
-from mlp import parallel
+from trainer.run_setup import make_mesh, set_up_run
 from mlp import steps
-from mlp import trainer
-from mlp.reporting import METRICS_FILE
+from trainer import evaluation, loop
+from trainer.reporting import METRICS_FILE
 from tests.conftest import make_config
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
@@ -28,17 +28,17 @@ def without_timings(records: list[dict]) -> list[dict]:
 
 def test_same_config_and_seed_give_bit_identical_metrics(tmp_path, mnist_dir):
   for name in ('a', 'b'):
-    trainer.train_and_evaluate(make_config(**SMALL), str(tmp_path / name))
+    loop.train_and_evaluate(make_config(**SMALL), str(tmp_path / name))
   first, second = read_metrics(tmp_path / 'a'), read_metrics(tmp_path / 'b')
   assert [r['epoch'] for r in first] == [1, 2]
   assert without_timings(first) == without_timings(second)
-  trainer.train_and_evaluate(make_config(seed=1, **SMALL), str(tmp_path / 'c'))
+  loop.train_and_evaluate(make_config(seed=1, **SMALL), str(tmp_path / 'c'))
   assert without_timings(read_metrics(tmp_path / 'c')) != without_timings(first)
 
 
 def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_path, capsys,
                                                                          mnist_dir):
-  record = trainer.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+  record = loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
   records = read_metrics(tmp_path)
   assert records[-1] == record
   assert set(record) == {'epoch', 'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
@@ -55,9 +55,9 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  state = steps.create_train_state(config, jax.random.key(0), steps_per_epoch=1)
-  executor = parallel.make_executor(config)
-  sums = jax.device_get(executor.evaluate(executor.put_state(state), executor.put_data(examples)))
+  run = set_up_run(config, make_mesh(config), None, examples)
+  state = jax.device_get(run.state)
+  sums = jax.device_get(run.programs.evaluate(run.state, *run.eval_data))
   assert int(sums['count']) == 1999
   images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
   logits = state.apply_fn({'params': state.params}, images)

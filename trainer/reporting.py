@@ -1,4 +1,4 @@
-"""Per-epoch results to their three homes: metrics.jsonl, TensorBoard events and a readable log line."""
+"""Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard, the log."""
 
 import json
 import os
@@ -6,6 +6,8 @@ import sys
 from typing import TextIO
 
 from tensorboardX import SummaryWriter
+
+from errors import UserError
 
 METRICS_FILE = 'metrics.jsonl'
 EVAL_FILE = 'eval.jsonl'  # Results of --config.eval_only=True runs.
@@ -30,11 +32,6 @@ def format_line(record: dict[str, float], num_epochs: int, eta_seconds: float) -
           f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%  '
           f'{record["epoch_seconds"]:.2f}s  {record["train_images_per_second"]:,.0f} img/s  '
           f'ETA {format_duration(eta_seconds)}')
-
-
-def warn(message: str) -> None:
-  """Something the user should know that does not stop the run: one line on stderr."""
-  print(f'warning: {message}', file=sys.stderr, flush=True)
 
 
 def read_records(workdir: str) -> list[dict]:
@@ -63,43 +60,52 @@ def keep_records_through(workdir: str, epoch: int) -> list[dict]:
   return kept
 
 
-def record_evaluation(workdir: str, record: dict, stream: TextIO | None = None) -> None:
-  """An eval-only result: one line in eval.jsonl and one on the console."""
-  with open(os.path.join(workdir, EVAL_FILE), 'a', encoding='utf-8') as f:
-    f.write(json.dumps(record) + '\n')
-  print(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
-        f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%',
-        file=stream or sys.stdout, flush=True)
+def _make_run_directory(workdir: str) -> None:
+  """The run directory, created and writable, or one line saying why not."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as error:
+    raise UserError(f'cannot create the run directory {workdir} ({error.strerror}); pass a '
+                    '--workdir that can be written to') from error
+  if not os.access(workdir, os.W_OK | os.X_OK):
+    raise UserError(f'the run directory {workdir} is not writable; pass a --workdir that can be '
+                    'written to')
 
 
 class Reporter:
-  """Writes each epoch's record, appending to the run directory's files after `start_epoch`.
+  """The run's one voice: log lines, warnings, and the run directory's metrics and events.
 
-  metrics.jsonl is the record of truth: a (re)started run drops its lines past `start_epoch`, and
-  rebuilds the TensorBoard scalars from the rest in a new events file that purges all older ones.
+  metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch` and rebuilds
+  the TensorBoard scalars from the rest in a new events file that purges all older ones.
   (tensorboardX writes from a background thread, so a killed run can lose its last events.)
   In a multi-process run only process 0 reports (`enabled`): the others compute the same records
-  and write nothing, so there is one set of files and one log.
+  and say nothing, so there is one set of files and one log.
   """
 
   def __init__(self, workdir: str, num_epochs: int, stream: TextIO | None = None, *,
-               start_epoch: int = 0, enabled: bool = True):
+               enabled: bool = True):
     self._workdir = workdir
     self._num_epochs = num_epochs
     self._stream = stream or sys.stdout
     self._enabled = enabled
     self._seconds: list[float] = []
     self._writer = None
-    if not enabled:
+    if enabled:
+      _make_run_directory(workdir)
+
+  def start(self, start_epoch: int) -> None:
+    """Opens the files for epochs after `start_epoch`, dropping any record past it."""
+    if not self._enabled:
       return
-    kept = keep_records_through(workdir, start_epoch)
+    kept = keep_records_through(self._workdir, start_epoch)
     # The suffix keeps a run resumed within the same second from overwriting the last one's events.
-    self._writer = SummaryWriter(workdir, purge_step=1,
+    self._writer = SummaryWriter(self._workdir, purge_step=1,
                                  filename_suffix=f'.from-epoch-{start_epoch}')
     for record in kept:
       self._add_scalars(record)
 
   def write(self, record: dict[str, float]) -> None:
+    """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
     if not self._enabled:
       return
     with open(os.path.join(self._workdir, METRICS_FILE), 'a', encoding='utf-8') as f:
@@ -119,6 +125,33 @@ class Reporter:
   def log(self, message: str) -> None:
     if self._enabled:
       print(message, file=self._stream, flush=True)
+
+  def warn(self, message: str) -> None:
+    """Something the user should know that does not stop the run: one line on stderr."""
+    if self._enabled:
+      print(f'warning: {message}', file=sys.stderr, flush=True)
+
+  def recorded(self, epoch: int) -> dict | None:
+    """The newest metrics.jsonl record of `epoch`, if this process keeps the files and has one."""
+    if not self._enabled:
+      return None
+    matches = [r for r in read_records(self._workdir) if r.get('epoch') == epoch]
+    return matches[-1] if matches else None
+
+  def evaluation(self, record: dict) -> None:
+    """An evaluated checkpoint: one line in eval.jsonl and one on the console."""
+    if not self._enabled:
+      return
+    with open(os.path.join(self._workdir, EVAL_FILE), 'a', encoding='utf-8') as f:
+      f.write(json.dumps(record) + '\n')
+    self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
+             f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
+
+  def __enter__(self) -> 'Reporter':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
 
   def close(self) -> None:
     if self._writer is not None:

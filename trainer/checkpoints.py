@@ -21,7 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mlp import steps
-from mlp.errors import UserError
+from errors import UserError
+from trainer import processes
 
 STATE, META = 'state', 'meta'
 # Config fields a resumed run may change: how long to train (num_epochs also stretches a cosine
@@ -36,18 +37,17 @@ DAMAGED_PREFIX = 'damaged-epoch-'
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-  """A verified checkpoint: the host state and run key to continue from, and what was passed over."""
+  """A verified checkpoint: the state to continue from, on the template's devices, and what was passed over."""
   epoch: int
   state: steps.TrainState
-  rng: jax.Array
   damaged: tuple[tuple[int, str], ...]  # (epoch, why) of each newer checkpoint that failed.
   seconds: float
 
 
-def saved_tree(state: steps.TrainState, rng: jax.Array) -> dict[str, Any]:
+def saved_tree(state: steps.TrainState, rng_data: Any) -> dict[str, Any]:
   """What a checkpoint holds: with the data order a function of (seed, epoch), nothing else is needed."""
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state,
-          'rng': np.asarray(jax.random.key_data(rng))}
+          'rng': rng_data}
 
 
 def fingerprint(tree: Any) -> str:
@@ -155,23 +155,26 @@ class Checkpoints:
     return sorted(self._manager.all_steps())
 
   def save(self, epoch: int, state: steps.TrainState, rng: jax.Array) -> None:
-    """Starts writing `state`, a host copy, as epoch `epoch`; returns before the disk is done."""
+    """Starts writing `state` (global arrays) as epoch `epoch`; returns before the disk is done."""
     start = time.perf_counter()
-    tree = saved_tree(state, rng)
-    meta = {'epoch': epoch, 'fingerprint': fingerprint(tree), 'config': self._config}
+    tree = saved_tree(state, jax.random.key_data(rng))
+    meta = {'epoch': epoch, 'fingerprint': fingerprint(jax.device_get(tree)), 'config': self._config}
     self._manager.save(epoch, force=True, args=ocp.args.Composite(
         **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(meta)}))
     self.save_pauses.append(time.perf_counter() - start)
 
-  def restore(self, template: steps.TrainState, rng: jax.Array) -> Restored | None:
+  def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
-    `template` is a host state of the config's model and optimizer, giving the shapes to restore.
+    `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
     Raises UserError when the checkpoints come from another config, or when every one is damaged.
     """
     start = time.perf_counter()
+    processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
     _mute_abandoned_reads()
-    target = jax.tree.map(ocp.utils.to_shape_dtype_struct, saved_tree(template, rng))
+    key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype,
+                                                       sharding=template.step.sharding))
     damaged = []
     for epoch in reversed(self.epochs()):
       try:
@@ -188,13 +191,12 @@ class Checkpoints:
       except Exception as error:  # pylint: disable=broad-except
         damaged.append((epoch, f'its state cannot be read ({_why(error)})'))
         continue
-      if fingerprint(tree) != saved_fingerprint:
+      if fingerprint(jax.device_get(tree)) != saved_fingerprint:
         damaged.append((epoch, 'its state differs from the fingerprint saved with it'))
         continue
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
-      return Restored(epoch, state, jax.random.wrap_key_data(tree['rng']), tuple(damaged),
-                      time.perf_counter() - start)
+      return Restored(epoch, state, tuple(damaged), time.perf_counter() - start)
     if damaged:
       reasons = '; '.join(f'epoch {epoch}: {why}' for epoch, why in damaged)
       raise UserError(f'no checkpoint in {self.directory} can be restored ({reasons}); copy good '
@@ -213,7 +215,7 @@ class Checkpoints:
       while os.path.exists(target):
         suffix += 1
         target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}.{suffix}')
-      if jax.process_index() == 0:
+      if processes.is_primary():
         os.rename(os.path.join(self.directory, str(epoch)), target)
       moved.append(target)
     if epochs:

@@ -1,11 +1,12 @@
 """Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else."""
 
+import os
 import re
 import signal
 import threading
 from collections.abc import Callable
 
-from mlp.errors import UserError
+from errors import UserError
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -50,6 +51,12 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   return True
 
 
+def is_primary() -> bool:
+  """Process 0 writes the run's files and log; every process computes."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
 def _gather(value: int) -> list[int]:
   """`value` from every process, in process order (a collective: every process must call it)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -82,3 +89,16 @@ def check_same_checkpoints(newest_epoch: int) -> None:
     raise UserError(f'the processes see different checkpoints (newest epoch {newest} for processes '
                     '0, 1, ...; 0: none): give every process the same --workdir on storage they '
                     'all share')
+
+
+def check_shared_directory(workdir: str) -> None:
+  """Every process must see the run directory process 0 made: they all write one checkpoint."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return
+  _gather(0)  # A barrier: process 0 has made the directory once every process is past it.
+  seen = _gather(int(os.path.isdir(workdir)))
+  if not all(seen):
+    missing = ', '.join(str(i) for i, ok in enumerate(seen) if not ok)
+    raise UserError(f'process {missing} cannot see the run directory that process 0 made (here: '
+                    f'{workdir}): give every process the same --workdir on storage they all share')

@@ -1,0 +1,66 @@
+"""Config validation at the edge, before any data or disk is touched: the first bad field, named."""
+
+import math
+import numbers
+
+import ml_collections
+
+from data.mnist import SOURCES
+from data.splits import parse_split
+from errors import ConfigError
+from mlp.optim import OPTIMIZERS, SCHEDULES
+from trainer.devices import PARALLEL_MODES
+
+POSITIVE_INTEGERS = ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
+                     'max_checkpoints_to_keep')
+CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
+           'data.source': SOURCES}
+
+
+def _is_int(value) -> bool:
+  """An integer proper: True and False are ints to Python, never to a config."""
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+
+
+def _get(config: ml_collections.ConfigDict, field: str):
+  for name in field.split('.'):
+    config = config[name]
+  return config
+
+
+def _check_numbers(config: ml_collections.ConfigDict) -> None:
+  for name in POSITIVE_INTEGERS:
+    if not _is_int(config[name]) or config[name] < 1:
+      raise ConfigError(name, 'must be a positive integer', config[name], 'N')
+  if not _is_int(config.num_devices) or config.num_devices < 0:
+    raise ConfigError('num_devices', 'must be an integer >= 0', config.num_devices, 'N')
+  if not config.learning_rate > 0:
+    raise ConfigError('learning_rate', 'must be positive', config.learning_rate, '1e-3')
+  for name in ('warmup_epochs', 'weight_decay'):
+    if not (math.isfinite(config[name]) and config[name] >= 0):
+      raise ConfigError(name, 'must be a finite number >= 0', config[name], '0')
+  widths = config.model.hidden_sizes
+  if not all(_is_int(w) and w > 0 for w in widths):
+    raise ConfigError('model.hidden_sizes', 'must be positive integers', widths, '"(512, 512)"')
+  if not 0 <= config.model.dropout_rate < 1:
+    raise ConfigError('model.dropout_rate', 'must be in [0, 1)', config.model.dropout_rate, '0.2')
+  shift = config.data.max_shift
+  if not _is_int(shift) or not 0 <= shift <= 8:
+    raise ConfigError('data.max_shift', 'must be an integer from 0 to 8 pixels', shift, '1')
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  """Raises ConfigError (or the split parser's UserError) for the first field that cannot work."""
+  _check_numbers(config)
+  for field, choices in CHOICES.items():
+    if _get(config, field) not in choices:
+      raise ConfigError(field, f'must be one of {", ".join(choices)}', _get(config, field),
+                        choices[0])
+  train_size = parse_split(config.data.train_split).size
+  parse_split(config.data.eval_split)
+  if config.batch_size > train_size:
+    raise ConfigError('batch_size', f'must be at most the training split '
+                      f'{config.data.train_split!r} has ({train_size} examples)',
+                      config.batch_size, str(train_size))

@@ -1,0 +1,109 @@
+"""The training loop: `train_and_evaluate(config, workdir)`, the library entry behind train.py."""
+
+import math
+import time
+from collections.abc import Callable
+
+import ml_collections
+
+from data.mnist import load_split
+from errors import UserError
+from trainer import evaluation
+from trainer import processes
+from trainer.checkpoints import Checkpoints, Restored
+from trainer.preemption import Preempted
+from trainer.reporting import Reporter
+from trainer.run_setup import RunSetup, make_mesh, set_up_run, state_template
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       should_stop: Callable[[], str | None] = lambda: None) -> dict[str, float]:
+  """Trains for `config.num_epochs` epochs, evaluating after each; returns the last epoch's record.
+
+  Continues from the newest good checkpoint in `workdir`; saves one every `checkpoint_every_epochs`
+  and at the end. `should_stop` is asked after each epoch: a signal name from it saves a checkpoint
+  and raises Preempted. A finished run is evaluated and reported again.
+  """
+  mesh = make_mesh(config)  # Checks the devices against the config before any work.
+  train = load_split(config.data, config.data.train_split)
+  examples = load_split(config.data, config.data.eval_split)
+  steps_per_epoch = len(train) // config.batch_size
+  reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
+  processes.check_shared_directory(workdir)
+  with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
+    restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
+    if restored:
+      _report_resume(restored, checkpoints, reporter)
+    start_epoch = restored.epoch if restored else 0
+    reporter.start(start_epoch)
+    if start_epoch >= config.num_epochs:
+      return evaluation.report_finished(config, mesh, restored, examples, reporter)
+    compile_start = time.perf_counter()
+    run = set_up_run(config, mesh, train, examples, restored.state if restored else None)
+    reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
+                 f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
+                 f'{config.batch_size} per epoch, {run.programs.placement}; '
+                 f'compiled in {time.perf_counter() - compile_start:.1f}s')
+    return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
+
+
+def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkpoints,
+           reporter: Reporter, start_epoch: int,
+           should_stop: Callable[[], str | None]) -> dict[str, float]:
+  """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
+  state, record = run.state, {}
+  for epoch in range(start_epoch + 1, config.num_epochs + 1):
+    state, record = _run_epoch(run, state, epoch, config.batch_size)
+    _check_finite(record, checkpoints.epochs())
+    reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
+    stop = processes.agree_to_stop(should_stop())
+    if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
+      checkpoints.save(epoch, state, run.run_key)
+    if stop and epoch < config.num_epochs:
+      raise Preempted(stop, epoch, checkpoints.directory)
+  pauses = sorted(checkpoints.save_pauses)
+  reporter.log(f'saved the checkpoint of epoch {config.num_epochs} in {checkpoints.directory} '
+               f'(training paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; '
+               'orbax writes in the background)')
+  return record
+
+
+def _run_epoch(run: RunSetup, state, epoch: int, batch_size: int) -> tuple[object, dict]:
+  """Trains one epoch and evaluates the result: the new state and the epoch's record."""
+  start = time.perf_counter()
+  state, train_metrics = run.train_epoch(state, epoch)
+  train_seconds = time.perf_counter() - start
+  eval_metrics = run.evaluate(state)
+  images = len(run.train_data[1]) // batch_size * batch_size
+  return state, {
+      'epoch': epoch,
+      'train_loss': train_metrics['loss'],
+      'train_accuracy': train_metrics['accuracy'],
+      'eval_loss': eval_metrics['loss'],
+      'eval_accuracy': eval_metrics['accuracy'],
+      'epoch_seconds': time.perf_counter() - start,
+      'train_images_per_second': images / train_seconds,
+  }
+
+
+def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
+  """A diverged epoch stops the run before its state can be saved."""
+  for name in ('train_loss', 'eval_loss'):
+    if not math.isfinite(record[name]):
+      if saved_epochs:  # Their config has the old learning rate: resuming them would refuse it.
+        kept = f'newest checkpoint: epoch {saved_epochs[-1]}'
+        fix = 'lower --config.learning_rate and train in a new --workdir'
+      else:
+        kept, fix = 'no checkpoint yet', 'lower --config.learning_rate and run again'
+      raise UserError(f'the {name.replace("_", " ")} is {record[name]} in epoch {record["epoch"]}: '
+                      f'training diverged, and that state was not saved ({kept}); {fix}')
+
+
+def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Reporter) -> None:
+  """Says where the run continues from, and sets damaged newer checkpoints aside with a warning."""
+  moved = checkpoints.set_aside([epoch for epoch, _ in restored.damaged])  # Every process: a barrier.
+  for (epoch, why), path in zip(restored.damaged, moved):
+    reporter.warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell '
+                  f'back to epoch {restored.epoch}')
+  reporter.log(f'resumed from epoch {restored.epoch} (checkpoint restored and verified in '
+               f'{1000 * restored.seconds:.0f} ms)')

@@ -1,0 +1,66 @@
+"""One place that builds a run: its mesh, keys, state, resident data and compiled epoch programs."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import ml_collections
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from data.mnist import Examples
+from mlp import steps
+from trainer import devices
+
+DeviceData = tuple[jax.Array, jax.Array]  # A split's uint8 images and int32 labels, on every device.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+  """What training and evaluation compute with; every array is global, replicated over the mesh."""
+  mesh: Mesh
+  run_key: jax.Array  # Drives every epoch's order, dropout and shifts.
+  state: steps.TrainState  # The state to start from: fresh, or restored from a checkpoint.
+  train_data: DeviceData | None  # None when only evaluating.
+  eval_data: DeviceData
+  programs: devices.EpochPrograms
+
+  def train_epoch(self, state: steps.TrainState,
+                  epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
+    """One epoch from `state` (which it consumes); the new state and the epoch's host metrics."""
+    state, sums = self.programs.train(state, *self.train_data, self.run_key, np.int32(epoch))
+    return state, steps.summarize(jax.device_get(sums))
+
+  def evaluate(self, state: steps.TrainState) -> dict[str, float]:
+    """The eval split's mean loss and accuracy for `state`."""
+    return steps.summarize(jax.device_get(self.programs.evaluate(state, *self.eval_data)))
+
+
+def make_mesh(config: ml_collections.ConfigDict) -> Mesh:
+  """The config's mesh on this machine, or a UserError when the config and the devices disagree."""
+  return devices.make_mesh(devices.choose_mode(config, jax.device_count(), jax.process_count()))
+
+
+def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
+                   steps_per_epoch: int) -> steps.TrainState:
+  """The state's shapes, dtypes and replicated sharding, computed without creating it."""
+  abstract = jax.eval_shape(lambda key: steps.create_train_state(config, key, steps_per_epoch),
+                            jax.random.key(0))
+  sharding = NamedSharding(mesh, P())
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      abstract)
+
+
+def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | None,
+               evaluation: Examples, state: steps.TrainState | None = None) -> RunSetup:
+  """Keys, state (a fresh one unless given), data on the devices and the epoch programs compiled."""
+  init_key, run_key = steps.run_keys(config.seed)
+  if state is None:
+    steps_per_epoch = len(train) // config.batch_size if train is not None else 1
+    state = devices.replicate(steps.create_train_state(config, init_key, steps_per_epoch), mesh)
+  run_key = devices.replicate(run_key, mesh)
+  place = lambda examples: devices.replicate((examples.images, examples.labels), mesh)
+  train_data = place(train) if train is not None else None
+  eval_data = place(evaluation)
+  mode = devices.choose_mode(config, jax.device_count(), jax.process_count())
+  programs = devices.compile_epochs(config, mode, mesh, state, run_key, train_data, eval_data)
+  return RunSetup(mesh, run_key, state, train_data, eval_data, programs)
