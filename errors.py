@@ -1,5 +1,6 @@
 """Errors a user can act on; the library raises them, train.py prints each as one line with the fix."""
 
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,16 @@ class ConfigError(UserError):
     super().__init__(f'{field} {constraint}, got {value!r}')
     self.field = field
     self.fix = fix  # A value to pass instead, or the form one takes.
+
+
+def write_failed(path: str, error: Exception) -> UserError:
+  """A write the machine refused (full disk, lost permission, I/O error), as the user's one line."""
+  reason = getattr(error, 'strerror', None)
+  if not reason:  # Orbax's errors carry the OS reason inside their text.
+    found = re.search(r':\s*([^:\[\]]+?)\s*\[os_error_code', str(error))
+    reason = found.group(1) if found else (str(error).strip().splitlines() or [''])[0][:160]
+  return UserError(f'cannot write {path} ({reason}); free space or restore access there, then '
+                   'rerun the same command to resume from the newest checkpoint')
 
 
 def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:

@@ -5,6 +5,7 @@ or missing file makes a restore fail with no fallback. So each checkpoint carrie
 its state, checked after every restore, and the newest checkpoint that restores and verifies wins.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -13,6 +14,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -21,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mlp import steps
-from errors import UserError
+from errors import UserError, write_failed
 from trainer import processes
 
 STATE, META = 'state', 'meta'
@@ -106,8 +108,13 @@ def _unretrieved_orbax_task(record: logging.LogRecord) -> bool:
   return not any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames)
 
 
-def _mute_abandoned_reads() -> None:
-  """Silences the tracebacks a failed restore prints besides the one warning that reports it.
+def _orbax_error(record: logging.LogRecord) -> bool:
+  """False for orbax's own error logs: the failure they report reaches the user as one line."""
+  return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
+
+
+def _mute_orbax_noise() -> None:
+  """Silences orbax's own reports of failures that reach the user as one line (warning or error).
 
   When one array of a restore fails, orbax abandons the others; they end in an event loop already
   closed, and Python reports each as an ignored exception or an unretrieved task, sometimes while
@@ -122,6 +129,9 @@ def _mute_abandoned_reads() -> None:
 
     hook.mutes_orbax = True
     sys.unraisablehook = hook
+  absl_logger = logging.getLogger('absl')  # Orbax logs each failed write, with its traceback.
+  if _orbax_error not in absl_logger.filters:
+    absl_logger.addFilter(_orbax_error)
   asyncio_logger = logging.getLogger('asyncio')
   if _unretrieved_orbax_task not in asyncio_logger.filters:
     asyncio_logger.addFilter(_unretrieved_orbax_task)
@@ -137,6 +147,7 @@ class Checkpoints:
     self.directory = os.path.abspath(directory)
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
     self._config = flat_config(config)
+    _mute_orbax_noise()
     # read_only: no folder created, no half-written save cleaned up (it may be a live run's).
     # (Orbax's own read_only option warns on every use, so it is left off: nothing here saves.)
     options = ocp.CheckpointManagerOptions(
@@ -147,8 +158,12 @@ class Checkpoints:
   def __enter__(self) -> 'Checkpoints':
     return self
 
-  def __exit__(self, *exc_info) -> None:
-    self.close()
+  def __exit__(self, exc_type, *exc_info) -> None:
+    try:
+      self.close()
+    except UserError:
+      if exc_type is None:  # Else the error already on its way out is the one to report.
+        raise
 
   def epochs(self) -> list[int]:
     """The epochs with a complete checkpoint, oldest first."""
@@ -159,9 +174,22 @@ class Checkpoints:
     start = time.perf_counter()
     tree = saved_tree(state, jax.random.key_data(rng))
     meta = {'epoch': epoch, 'fingerprint': fingerprint(jax.device_get(tree)), 'config': self._config}
-    self._manager.save(epoch, force=True, args=ocp.args.Composite(
-        **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(meta)}))
+    with self._writing():  # Orbax raises a failed background write at the next save.
+      self._manager.save(epoch, force=True, args=ocp.args.Composite(
+          **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(meta)}))
     self.save_pauses.append(time.perf_counter() - start)
+
+  def check(self) -> None:
+    """Raises UserError if a background save has failed; does not wait for one in progress."""
+    with self._writing():
+      self._manager.check_for_errors()
+
+  @contextlib.contextmanager
+  def _writing(self) -> Iterator[None]:
+    try:
+      yield
+    except (OSError, ValueError) as error:  # Orbax wraps the OS error in a ValueError.
+      raise write_failed(self.directory, error) from error
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
@@ -171,7 +199,6 @@ class Checkpoints:
     """
     start = time.perf_counter()
     processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
-    _mute_abandoned_reads()
     key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
     target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype,
                                                        sharding=template.step.sharding))
@@ -225,7 +252,8 @@ class Checkpoints:
 
   def wait(self) -> None:
     """Returns once every save started is complete on disk."""
-    self._manager.wait_until_finished()
+    with self._writing():
+      self._manager.wait_until_finished()
 
   def close(self) -> None:
     self.wait()

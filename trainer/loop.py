@@ -6,13 +6,16 @@ from collections.abc import Callable
 
 import ml_collections
 
-from data.mnist import load_split
+from jax.sharding import Mesh
+
+from data.mnist import Examples, load_split
 from errors import UserError
 from trainer import evaluation
 from trainer import processes
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.preemption import Preempted
 from trainer.reporting import Reporter
+from trainer.run_lock import RunLock
 from trainer.run_setup import RunSetup, make_mesh, set_up_run, state_template
 
 
@@ -27,24 +30,32 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   mesh = make_mesh(config)  # Checks the devices against the config before any work.
   train = load_split(config.data, config.data.train_split)
   examples = load_split(config.data, config.data.eval_split)
-  steps_per_epoch = len(train) // config.batch_size
   reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
-  processes.check_shared_directory(workdir)
-  with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
-    restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
-    if restored:
-      _report_resume(restored, checkpoints, reporter)
-    start_epoch = restored.epoch if restored else 0
-    reporter.start(start_epoch)
-    if start_epoch >= config.num_epochs:
-      return evaluation.report_finished(config, mesh, restored, examples, reporter)
-    compile_start = time.perf_counter()
-    run = set_up_run(config, mesh, train, examples, restored.state if restored else None)
-    reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
-                 f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
-                 f'{config.batch_size} per epoch, {run.programs.placement}; '
-                 f'compiled in {time.perf_counter() - compile_start:.1f}s')
-    return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
+  with RunLock(workdir, enabled=processes.is_primary()):  # Before orbax tidies the folder.
+    processes.check_shared_directory(workdir)
+    with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
+      return _resume(config, train, examples, mesh, checkpoints, reporter, should_stop)
+
+
+def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Examples, mesh: Mesh,
+            checkpoints: Checkpoints, reporter: Reporter,
+            should_stop: Callable[[], str | None]) -> dict[str, float]:
+  """Continues from the newest good checkpoint, or starts; a finished run is reported again."""
+  steps_per_epoch = len(train) // config.batch_size
+  restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
+  if restored:
+    _report_resume(restored, checkpoints, reporter)
+  start_epoch = restored.epoch if restored else 0
+  reporter.start(start_epoch)
+  if start_epoch >= config.num_epochs:
+    return evaluation.report_finished(config, mesh, restored, examples, reporter)
+  compile_start = time.perf_counter()
+  run = set_up_run(config, mesh, train, examples, restored.state if restored else None)
+  reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
+               f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
+               f'{config.batch_size} per epoch, {run.programs.placement}; '
+               f'compiled in {time.perf_counter() - compile_start:.1f}s')
+  return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
 
 
 def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkpoints,
@@ -55,6 +66,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
     state, record = _run_epoch(run, state, epoch, config.batch_size)
     _check_finite(record, checkpoints.epochs())
+    checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
     stop = processes.agree_to_stop(should_stop())
     if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:

@@ -1,13 +1,15 @@
 """Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard, the log."""
 
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import TextIO
 
 from tensorboardX import SummaryWriter
 
-from errors import UserError
+from errors import UserError, write_failed
 
 METRICS_FILE = 'metrics.jsonl'
 EVAL_FILE = 'eval.jsonl'  # Results of --config.eval_only=True runs.
@@ -72,6 +74,15 @@ def _make_run_directory(workdir: str) -> None:
                     'written to')
 
 
+@contextlib.contextmanager
+def _writing(path: str) -> Iterator[str]:
+  """Turns a refused write under `path` into the user's one line."""
+  try:
+    yield path
+  except OSError as error:
+    raise write_failed(path, error) from error
+
+
 class Reporter:
   """The run's one voice: log lines, warnings, and the run directory's metrics and events.
 
@@ -97,20 +108,23 @@ class Reporter:
     """Opens the files for epochs after `start_epoch`, dropping any record past it."""
     if not self._enabled:
       return
-    kept = keep_records_through(self._workdir, start_epoch)
-    # The suffix keeps a run resumed within the same second from overwriting the last one's events.
-    self._writer = SummaryWriter(self._workdir, purge_step=1,
-                                 filename_suffix=f'.from-epoch-{start_epoch}')
-    for record in kept:
-      self._add_scalars(record)
+    with _writing(self._workdir):
+      kept = keep_records_through(self._workdir, start_epoch)
+      # The suffix keeps a run resumed in the same second from overwriting the last one's events.
+      self._writer = SummaryWriter(self._workdir, purge_step=1,
+                                   filename_suffix=f'.from-epoch-{start_epoch}')
+      for record in kept:
+        self._add_scalars(record)
 
   def write(self, record: dict[str, float]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
     if not self._enabled:
       return
-    with open(os.path.join(self._workdir, METRICS_FILE), 'a', encoding='utf-8') as f:
-      f.write(json.dumps(record) + '\n')
-    self._add_scalars(record)
+    with _writing(os.path.join(self._workdir, METRICS_FILE)) as path:
+      with open(path, 'a', encoding='utf-8') as f:
+        f.write(json.dumps(record) + '\n')
+    with _writing(self._workdir):  # TensorBoard's events file.
+      self._add_scalars(record)
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
@@ -142,17 +156,24 @@ class Reporter:
     """An evaluated checkpoint: one line in eval.jsonl and one on the console."""
     if not self._enabled:
       return
-    with open(os.path.join(self._workdir, EVAL_FILE), 'a', encoding='utf-8') as f:
-      f.write(json.dumps(record) + '\n')
+    with _writing(os.path.join(self._workdir, EVAL_FILE)) as path:
+      with open(path, 'a', encoding='utf-8') as f:
+        f.write(json.dumps(record) + '\n')
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
 
   def __enter__(self) -> 'Reporter':
     return self
 
-  def __exit__(self, *exc_info) -> None:
-    self.close()
+  def __exit__(self, exc_type, *exc_info) -> None:
+    try:
+      self.close()
+    except UserError:
+      if exc_type is None:  # Else the error already on its way out is the one to report.
+        raise
 
   def close(self) -> None:
     if self._writer is not None:
-      self._writer.close()
+      writer, self._writer = self._writer, None
+      with _writing(self._workdir):
+        writer.close()
