@@ -369,3 +369,62 @@ def test_the_data_source_may_not_change_on_resume_but_its_folder_may():
       make_config(data__source='tfds'))) == ['data.source']
   assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
       make_config(data__dir='/elsewhere', num_epochs=40))) == []
+
+
+# A 64x64 model: each checkpoint is about 0.7 MB, so a 2 MB disk holds two and fails on the third.
+TINY_DISK_RUN = dict(num_epochs=4, model__hidden_sizes=(64, 64), data__train_split='test[:2000]',
+                     max_checkpoints_to_keep=3)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+  """A 2 MB tmpfs, which a test can enlarge; skipped where mounting is not allowed."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', str(mount)],
+                    capture_output=True).returncode != 0:
+    pytest.skip('mounting a tmpfs needs root; the injected-failure test covers the same path')
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tiny_disk, tmp_path):
+  reference = tmp_path / 'reference'
+  loop.train_and_evaluate(make_config(**TINY_DISK_RUN), str(reference))
+  workdir = tiny_disk / 'run'
+  out = run_train(CONFIG, f'--workdir={workdir}', *override_flags(**TINY_DISK_RUN))
+  assert out.returncode == 1
+  lines = out.stderr.strip().splitlines()
+  assert lines == [f'error: cannot write {workdir} (No space left on device); free space or '
+                   'restore access there, then rerun the same command to resume from the newest '
+                   'checkpoint'], out.stderr
+  kept = saved_epochs(workdir)
+  assert kept and kept[-1] < 4
+  before = snapshot(workdir / str(kept[-1]))
+  subprocess.run(['mount', '-o', 'remount,size=16m', str(tiny_disk)], check=True)
+  out = run_train(CONFIG, f'--workdir={workdir}', *override_flags(**TINY_DISK_RUN))
+  assert out.returncode == 0, out.stderr
+  assert f'resumed from epoch {kept[-1]}' in out.stdout
+  assert_same_params(workdir, reference, make_config(**TINY_DISK_RUN))
+  assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(reference))
+  assert before  # The older checkpoint was complete when the disk filled.
+
+
+def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(small_run, tmp_path,
+                                                                                monkeypatch):
+  """The same path as a full disk, on any machine: orbax reports the background save's failure."""
+  def failing_check(manager):
+    if manager.latest_step() == 2:  # After epoch 3, epoch 2's save is found to have failed.
+      raise ValueError('RESOURCE_EXHAUSTED: Failed writing: "x": Failed to write 4931 bytes to '
+                       "file 16: No space left on device [os_error_code='28']")
+
+  monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'check_for_errors', failing_check)
+  with pytest.raises(UserError) as error:
+    loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+  assert str(error.value).startswith(f'cannot write {tmp_path} (No space left on device);')
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]  # Stopped before epoch 3's.
+  assert saved_epochs(tmp_path) == [1, 2]
+  monkeypatch.undo()
+  loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
+  assert_same_params(tmp_path, small_run, make_config(**SMALL))
