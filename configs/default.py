@@ -16,10 +16,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.weight_decay = 1e-4  # For optimizer=adamw.
   config.schedule = 'cosine'  # constant | cosine (decays to zero at the last step).
   config.warmup_epochs = 1.0
-  config.parallel = 'auto'  # auto | jit | pmap (auto: pmap when there is more than one device).
+  config.parallel = 'auto'  # auto | jit | mesh | pmap (auto: mesh when there are several devices).
   config.num_devices = 0  # Devices the run must find, all processes together; 0: those present.
   config.checkpoint_every_epochs = 1  # And always at the end of the run and when stopped by a signal.
   config.max_checkpoints_to_keep = 3
+  config.dtype = 'float32'  # float32 | bfloat16 (activations and matmuls; parameters stay float32).
+  config.profile_epoch = 0  # Traces this epoch with jax.profiler into the run directory; 0: off.
   config.eval_only = False  # True: evaluate the newest good checkpoint on data.eval_split, no training.
 
   config.model = ml_collections.ConfigDict()

@@ -15,7 +15,8 @@ TrainState = train_state.TrainState
 
 
 def create_model(config: ml_collections.ConfigDict) -> MLP:
-  return MLP(hidden_sizes=tuple(config.model.hidden_sizes), dropout_rate=config.model.dropout_rate)
+  return MLP(hidden_sizes=tuple(config.model.hidden_sizes), dropout_rate=config.model.dropout_rate,
+             dtype=config.dtype)
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:

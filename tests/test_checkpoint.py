@@ -428,3 +428,25 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
+
+
+def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
+  config = make_config(**{**SMALL, 'num_epochs': 2}, dtype='bfloat16')
+  loop.train_and_evaluate(config, str(tmp_path / 'straight'))
+  with pytest.raises(Preempted):
+    loop.train_and_evaluate(config, str(tmp_path / 'stopped'), should_stop=stop_after(1))
+  with pytest.raises(UserError, match="saved with dtype='bfloat16', but this run has "
+                                      "dtype='float32'"):
+    loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), str(tmp_path / 'stopped'))
+  loop.train_and_evaluate(config, str(tmp_path / 'stopped'))
+  assert without_timings(read_metrics(tmp_path / 'stopped')) == without_timings(
+      read_metrics(tmp_path / 'straight'))
+  assert_same_params(tmp_path / 'stopped', tmp_path / 'straight', config)
+
+
+def test_checkpoints_from_before_the_dtype_field_count_as_float32():
+  saved = checkpoint.flat_config(make_config())
+  del saved['dtype']
+  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(make_config())) == []
+  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
+      make_config(dtype='bfloat16'))) == ['dtype']

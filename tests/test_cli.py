@@ -72,3 +72,15 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, mnist_dir):
       f'error: cannot create the run directory {blocker / "run"} (Not a directory); pass a '
       '--workdir that can be written to']
   assert blocker.read_text() == 'keep me'
+
+
+@pytest.mark.slow
+def test_the_default_config_reproduces_its_recorded_numbers_bit_for_bit(tmp_path, mnist_dir):
+  """configs/default.py, seed 0, on the carried split: every epoch's figures as recorded."""
+  out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags())
+  assert out.returncode == 0, out.stderr
+  timings = ('epoch_seconds', 'train_images_per_second')
+  records = [{k: v for k, v in json.loads(line).items() if k not in timings}
+             for line in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  golden = ROOT / 'tests' / 'golden' / 'default_seed0_idx_8000.jsonl'
+  assert records == [json.loads(line) for line in golden.read_text().splitlines()]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mlp import steps
-from mlp.model import MLP
+from mlp.model import MLP, dropout
 from mlp.optim import make_optimizer
 from tests.conftest import make_config
 
@@ -28,6 +28,31 @@ def test_dropout_only_changes_training_outputs():
   trained = [model.apply({'params': params}, x, train=True, rngs={'dropout': jax.random.key(k)})
              for k in (1, 2)]
   assert not np.allclose(trained[0], trained[1])
+
+
+def test_dropout_keeps_the_rounded_fraction_scaled_by_its_inverse_and_follows_its_key():
+  x = jnp.ones((256, 512))
+  dropped = dropout(x, 0.2, jax.random.key(3))
+  kept = np.asarray(dropped) != 0
+  assert abs(kept.mean() - 205 / 256) < 0.005  # 131,072 units: 5 standard deviations is 0.0055.
+  np.testing.assert_allclose(np.asarray(dropped)[kept], 256 / 205, rtol=1e-6)
+  np.testing.assert_array_equal(dropout(x, 0.2, jax.random.key(3)), dropped)
+  assert (np.asarray(dropout(x, 0.2, jax.random.key(4))) != 0).tolist() != kept.tolist()
+  # Odd sizes take whole words and use the first bytes of them.
+  assert dropout(jnp.ones((3, 5)), 0.5, jax.random.key(0)).shape == (3, 5)
+
+
+def test_bfloat16_computes_in_bfloat16_over_float32_parameters():
+  model = MLP(hidden_sizes=(32,), dtype='bfloat16')
+  x = jnp.ones((2, 784))
+  params = model.init(jax.random.key(0), x)['params']
+  assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+  jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, x))(params)
+  dots = [e for e in jaxpr.eqns if e.primitive.name == 'dot_general']
+  assert len(dots) == 2 and all(e.outvars[0].aval.dtype == jnp.bfloat16 for e in dots)
+  assert model.apply({'params': params}, x).dtype == jnp.float32  # The loss sees float32.
+  float32 = MLP(hidden_sizes=(32,)).apply({'params': params}, x)
+  np.testing.assert_allclose(model.apply({'params': params}, x), float32, rtol=0.05, atol=0.05)
 
 
 def test_batch_metrics_on_hand_computed_logits():

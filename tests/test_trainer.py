@@ -1,5 +1,6 @@
 """The training loop in-process: determinism, its three outputs, and an evaluation that misses nobody."""
 
+import gzip
 import json
 
 import jax
@@ -64,3 +65,14 @@ def test_padded_evaluation_scores_every_example_once(mnist_dir):
   assert int(sums['correct']) == int(np.sum(np.argmax(logits, -1) == examples.labels))
   reference = steps.batch_metrics(logits, examples.labels)
   np.testing.assert_allclose(sums['loss'], reference['loss'], rtol=1e-5)
+
+
+def test_profile_epoch_traces_that_epoch_into_the_run_directory(tmp_path, capsys, mnist_dir):
+  loop.train_and_evaluate(make_config(**SMALL, profile_epoch=2), str(tmp_path))
+  traces = list(tmp_path.glob('plugins/profile/*/perfetto_trace.json.gz'))
+  assert len(traces) == 1 and list(traces[0].parent.glob('*.xplane.pb'))
+  events = json.load(gzip.open(traces[0]))['traceEvents']
+  names = {event.get('name', '') for event in events}
+  assert 'PjitFunction(jit(train_epoch))' in names  # The epoch's program, and its XLA ops:
+  assert any('fusion' in name for name in names)
+  assert f'traced epoch 2 into {traces[0].parent}' in capsys.readouterr().out

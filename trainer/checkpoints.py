@@ -32,8 +32,10 @@ STATE, META = 'state', 'meta'
 # data.source among them, as TFDS stores MNIST's examples in another order than the IDX files.
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
-    'max_checkpoints_to_keep', 'parallel', 'num_devices', 'data.dir', 'data.tfds_data_dir',
-    'data.eval_split'})
+    'max_checkpoints_to_keep', 'parallel', 'num_devices', 'profile_epoch', 'data.dir',
+    'data.tfds_data_dir', 'data.eval_split'})
+# Fields newer than some checkpoints, with the value those checkpoints were trained with.
+DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32'}
 DAMAGED_PREFIX = 'damaged-epoch-'
 
 
@@ -78,6 +80,7 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
   """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
   absent = object()
+  saved = {**DEFAULTS_OF_NEWER_FIELDS, **saved}
   return [name for name in sorted((saved.keys() | current.keys()) - FREE_FIELDS)
           if saved.get(name, absent) != current.get(name, absent)]
 

@@ -8,13 +8,14 @@ import ml_collections
 from data.mnist import SOURCES
 from data.splits import parse_split
 from errors import ConfigError
+from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
 from trainer.devices import PARALLEL_MODES
 
 POSITIVE_INTEGERS = ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
                      'max_checkpoints_to_keep')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
-           'data.source': SOURCES}
+           'dtype': tuple(DTYPES), 'data.source': SOURCES}
 
 
 def _is_int(value) -> bool:
@@ -34,8 +35,9 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
   for name in POSITIVE_INTEGERS:
     if not _is_int(config[name]) or config[name] < 1:
       raise ConfigError(name, 'must be a positive integer', config[name], 'N')
-  if not _is_int(config.num_devices) or config.num_devices < 0:
-    raise ConfigError('num_devices', 'must be an integer >= 0', config.num_devices, 'N')
+  for name in ('num_devices', 'profile_epoch'):
+    if not _is_int(config[name]) or config[name] < 0:
+      raise ConfigError(name, 'must be an integer >= 0', config[name], 'N')
   if not config.learning_rate > 0:
     raise ConfigError('learning_rate', 'must be positive', config.learning_rate, '1e-3')
   for name in ('warmup_epochs', 'weight_decay'):

@@ -64,7 +64,8 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
   """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
   state, record = run.state, {}
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
-    state, record = _run_epoch(run, state, epoch, config.batch_size)
+    with reporter.traced(epoch, wanted=epoch == config.profile_epoch):
+      state, record = _run_epoch(run, state, epoch, config.batch_size)
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.

@@ -1,12 +1,14 @@
 """Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard, the log."""
 
 import contextlib
+import glob
 import json
 import os
 import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+import jax
 from tensorboardX import SummaryWriter
 
 from errors import UserError, write_failed
@@ -135,6 +137,18 @@ class Reporter:
       if name != 'epoch':
         self._writer.add_scalar(name.replace('_', '/', 1), value, int(record['epoch']))
     self._writer.flush()
+
+  @contextlib.contextmanager
+  def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
+    """Traces what runs inside with jax.profiler into the run directory (TensorBoard, Perfetto)."""
+    if not (wanted and self._enabled):
+      yield
+      return
+    with _writing(self._workdir), jax.profiler.trace(self._workdir, create_perfetto_trace=True):
+      yield
+    traces = sorted(glob.glob(os.path.join(self._workdir, 'plugins', 'profile', '*')))
+    self.log(f'traced epoch {epoch} into {traces[-1]} (TensorBoard\'s profile tab with '
+             f'--logdir={self._workdir}, or its perfetto_trace.json.gz in ui.perfetto.dev)')
 
   def log(self, message: str) -> None:
     if self._enabled:
