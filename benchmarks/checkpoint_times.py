@@ -9,24 +9,21 @@ machine load.
 """
 
 import os
-import pathlib
 import statistics
 import tempfile
 import time
 
-
-# pylint: disable=g-import-not-at-top,wrong-import-position; the project root must be on the path.
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 
 from benchmarks import workload
 from configs import default
 from data.mnist import load_split
 from errors import UserError, fail
+from mlp import steps
 from trainer import checkpoints as checkpoint
-from trainer.run_setup import make_mesh, set_up_run, state_template
+from trainer.run_setup import state_template
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 BLOCK = 3  # Epochs per block of the with/without-saves comparison.
@@ -43,67 +40,87 @@ def _folder_bytes(folder: str) -> int:
 def main(argv: list[str]) -> None:
   del argv
   try:
-    if not os.path.isdir(workload.DATA_DIR.value):
-      raise UserError(f'data folder {workload.DATA_DIR.value} does not exist; pass '
-                      '--data_dir=FOLDER of the canonical MNIST .gz files')
-    measure(workload.DATA_DIR.value)
+    measure(workload.check_data_dir(without=None))
   except UserError as error:
     fail(str(error), 1)
 
 
+class _Training:
+  """The trainer's epochs, numbered on from where the last one (or the last save) left off."""
+
+  def __init__(self, trainer: workload.TrainerRun):
+    self.trainer, self.epoch = trainer, 0
+
+  def train(self) -> None:
+    """One more epoch, as the trainer runs it."""
+    self.epoch += 1
+    self.trainer.epoch(self.epoch)
+
+
+def time_saves(checkpoints: checkpoint.Checkpoints,
+               training: _Training) -> tuple[list[float], list[float]]:
+  """Seconds each save holds training up, and until it is on disk, saving one state repeatedly."""
+  pauses, whole_saves = [], []
+  for _ in range(REPEATS.value):
+    training.epoch += 1
+    start = time.perf_counter()
+    checkpoints.save(training.epoch, training.trainer.state, training.trainer.run_key)
+    pauses.append(time.perf_counter() - start)
+    checkpoints.wait()
+    whole_saves.append(time.perf_counter() - start)
+  return pauses, whole_saves
+
+
+def time_epochs(checkpoints: checkpoint.Checkpoints,
+                training: _Training) -> tuple[list[float], list[float]]:
+  """Seconds per epoch of alternating blocks without and with a save after every epoch."""
+  plain, saving = [], []  # Background writes included.
+  for _ in range(REPEATS.value):
+    start = time.perf_counter()
+    for _ in range(BLOCK):
+      training.train()
+    plain.append((time.perf_counter() - start) / BLOCK)
+    start = time.perf_counter()
+    for _ in range(BLOCK):
+      training.train()
+      checkpoints.save(training.epoch, training.trainer.state, training.trainer.run_key)
+    checkpoints.wait()
+    saving.append((time.perf_counter() - start) / BLOCK)
+  return plain, saving
+
+
+def time_restores(checkpoints: checkpoint.Checkpoints, template: steps.TrainState,
+                  run_key: jax.Array) -> tuple[list[float], list[float], int]:
+  """Seconds per verified restore and per fingerprint of the restored state, and its epoch."""
+  restores, fingerprints = [], []
+  for _ in range(REPEATS.value):
+    start = time.perf_counter()
+    restored = checkpoints.restore(template)
+    restores.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    checkpoint.fingerprint(jax.device_get(
+        checkpoint.saved_tree(restored.state, jax.random.key_data(run_key))))
+    fingerprints.append(time.perf_counter() - start)
+  return restores, fingerprints, restored.epoch
+
+
 def measure(data_dir: str) -> None:
   """Prints the checkpoint costs for the default config trained on the idx files in `data_dir`."""
-  logging.set_verbosity(logging.WARNING)  # Orbax logs every save and restore at info.
   config = default.get_config()
   config.data.source, config.data.dir = 'idx', data_dir
-  config.data.train_split, config.data.eval_split = 'test[:8000]', 'test[8000:]'
+  config.data.train_split = 'test[:8000]'
   config.max_checkpoints_to_keep = 2
   examples = load_split(config.data, config.data.train_split)
-  mesh = make_mesh(config)
-  run = set_up_run(config, mesh, examples, load_split(config.data, config.data.eval_split))
-  state, run_key, epoch = run.state, run.run_key, 0
-
-  def train_epoch() -> None:
-    nonlocal state, epoch
-    epoch += 1
-    state, _ = run.train_epoch(state, epoch)  # Waits for the device's metrics.
-
-  train_epoch()  # Warm-up.
+  training = _Training(workload.TrainerRun(config, examples))
+  training.train()  # Warm-up.
+  template = state_template(config, training.trainer.mesh, len(examples) // config.batch_size)
   with tempfile.TemporaryDirectory() as workdir:
     with checkpoint.Checkpoints(workdir, config) as checkpoints:
-      pauses, whole_saves = [], []
-      for _ in range(REPEATS.value):
-        start = time.perf_counter()
-        checkpoints.save(epoch + len(pauses), state, run_key)
-        pauses.append(time.perf_counter() - start)
-        checkpoints.wait()
-        whole_saves.append(time.perf_counter() - start)
-      epoch += REPEATS.value
-
-      plain, saving = [], []  # Seconds per epoch of each block, background writes included.
-      for _ in range(REPEATS.value):
-        start = time.perf_counter()
-        for _ in range(BLOCK):
-          train_epoch()
-        plain.append((time.perf_counter() - start) / BLOCK)
-        start = time.perf_counter()
-        for _ in range(BLOCK):
-          train_epoch()
-          checkpoints.save(epoch, state, run_key)
-        checkpoints.wait()
-        saving.append((time.perf_counter() - start) / BLOCK)
-
-      template = state_template(config, mesh, len(examples) // config.batch_size)
-      restores, fingerprints = [], []
-      for _ in range(REPEATS.value):
-        start = time.perf_counter()
-        restored = checkpoints.restore(template)
-        restores.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        checkpoint.fingerprint(jax.device_get(
-            checkpoint.saved_tree(restored.state, jax.random.key_data(run_key))))
-        fingerprints.append(time.perf_counter() - start)
-      size = _folder_bytes(os.path.join(workdir, str(restored.epoch)))
+      pauses, whole_saves = time_saves(checkpoints, training)
+      plain, saving = time_epochs(checkpoints, training)
+      restores, fingerprints, epoch = time_restores(checkpoints, template,
+                                                    training.trainer.run_key)
+      size = _folder_bytes(os.path.join(workdir, str(epoch)))
 
   print(f'{jax.device_count()} {jax.default_backend()} device(s); state {size / 2**20:.1f} MiB on '
         f'disk; medians of {REPEATS.value}')

@@ -3,24 +3,23 @@
   python -m benchmarks.dropout_bits [--batch_size=128] [--num_images=8000] [--repeats=11]
 
 Flax's nn.Dropout draws a 32-bit threefry word per unit; the model's dropout draws one per four
-units (mlp/model.py). Both variants compile the same epoch (mlp/epoch.py) over the same data, state
-and keys, and are timed in turn, so load from other processes hits both alike.
+units (mlp/model.py). Both variants run the trainer's epoch (the run set-up) over the same data,
+state and keys, and are timed in turn, so load from other processes hits both alike.
 """
 
-import functools
 import json
 import statistics
-import time
 
 import flax.linen as nn
 import jax
-import numpy as np
+import ml_collections
 from absl import app
 from absl import flags
 
 from benchmarks import workload
-from mlp import epoch as epoch_lib
+from data.mnist import Examples
 from mlp.model import MLP
+from trainer import devices
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each variant.', lower_bound=1)
 
@@ -37,24 +36,23 @@ class ThreefryDropoutMLP(MLP):
     return nn.Dense(self.num_classes)(x)
 
 
-def time_variants(config, examples, repeats: int) -> dict[str, float]:
+def time_variants(config: ml_collections.ConfigDict, examples: Examples,
+                  repeats: int) -> dict[str, float]:
   """Median seconds per epoch of each dropout variant, epochs interleaved."""
-  state = workload.initial_state(config, len(examples))
+  model_dropout = workload.TrainerRun(config, examples)
   model = ThreefryDropoutMLP(hidden_sizes=tuple(config.model.hidden_sizes),
                              dropout_rate=config.model.dropout_rate)
-  states = {'model dropout (a word per 4 units)': state,
-            'nn.Dropout (a word per unit)': state.replace(apply_fn=model.apply)}
-  epoch = jax.jit(functools.partial(epoch_lib.train_epoch, batch_size=config.batch_size,
-                                    max_shift=config.data.max_shift))
-  data = (jax.device_put(examples.images), jax.device_put(examples.labels))
-  key = workload.run_key(config)
-  seconds = {name: [] for name in states}
+  # The same fresh state and run set-up, with Flax's dropout in the model the epoch applies.
+  state = devices.replicate(model_dropout.start_state.replace(apply_fn=model.apply),
+                            model_dropout.mesh)
+  runs = {'model dropout (a word per 4 units)': model_dropout,
+          'nn.Dropout (a word per unit)': workload.TrainerRun(config, examples, state)}
+  seconds = {name: [] for name in runs}
   for number in range(repeats + 1):
-    for name, start_state in states.items():
-      start = time.perf_counter()
-      jax.block_until_ready(epoch(start_state, *data, key, np.int32(number)))
-      if number:  # Epoch 0 compiles.
-        seconds[name].append(time.perf_counter() - start)
+    for name, run in runs.items():
+      epoch_seconds = run.epoch(number)[0]
+      if number:  # Epoch 0 warms up.
+        seconds[name].append(epoch_seconds)
   return {name: statistics.median(values) for name, values in seconds.items()}
 
 

@@ -1,8 +1,9 @@
 """Where the trainer's epoch spends its time: a jax.profiler trace of compiled epochs, op by op.
 
   python -m benchmarks.profile_epoch [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
+      [--parallel=jit|mesh] [--data=idx|synthetic]
 
-Traces the trainer's epoch (the same JitExecutor program the throughput benchmark times), adds up
+Traces the trainer's epoch (the run set-up's compiled program the throughput benchmark times), adds up
 the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
 op names of the compiled program: the MLP's matmuls, the dropout (random bits and masks), the
 optimizer update (`jax.named_scope('optimizer')` in mlp/steps.py), the rest of the model, and the
@@ -19,12 +20,10 @@ from absl import app
 from absl import flags
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from data.mnist import Examples
 from benchmarks import workload
-from benchmarks.workload import ROOT
 from errors import UserError, fail
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
@@ -69,7 +68,7 @@ def category(opcode: str, op_name: str) -> str:
   """What an op is for, from its opcode and the name JAX gave it."""
   if '/optimizer/' in op_name:
     return 'optimizer update'
-  if 'Dropout_' in op_name:
+  if '/dropout/' in op_name:
     return 'dropout: random bits and masks'
   if opcode == 'dot' or ('Dense_' in op_name and op_name.endswith(('/dot_general', '/transpose'))):
     return 'matmuls (forward and backward)'
@@ -156,5 +155,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  flags.FLAGS.set_default('verbosity', -1)
   app.run(main, flags_parser=workload.parse_flags)

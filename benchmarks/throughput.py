@@ -1,15 +1,21 @@
 """Training throughput side by side in one process: the trainer, the per-batch loop, the hardware.
 
   python -m benchmarks.throughput [--batch_size=128] [--num_images=8000] [--data=idx|synthetic]
+      [--parallel=jit|mesh|pmap] [--dtype=float32|bfloat16]
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+      python -m benchmarks.throughput --compare_modes=jit,mesh,pmap [--batch_size=128]
 
-Times (1) the trainer's own epoch (`JitExecutor`: one compiled scan over device-resident data),
+Times (1) the trainer's own epoch (the run set-up's compiled scan over device-resident data),
 (2) the conventional loop of google/flax examples/mnist (a jitted step per batch, fed host numpy
 batches) on the same config, model, optimizer, batches and dropout keys, (3) the MLP's matmuls
-alone at the same shapes, and (4) a large float32 matmul, turned into a ceiling on images/s by the
-MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from the same state,
+alone at the same shapes, and (4) a large matmul in the compute dtype, turned into a ceiling on
+images/s by the MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from the same state,
 compared to prove they do the same training. Then each repetition times one epoch of (1) to (3)
 and one matmul, interleaved, so load from other processes hits all of them alike. A fresh
 `python train.py` on the idx files gives the start-up time. Prints a table, then one JSON line.
+
+--compare_modes instead times the trainer's epoch under each parallel mode named, in turn per
+repetition, and prints each mode's median epoch time and images/s and the mesh / pmap ratio.
 """
 
 import functools
@@ -44,27 +50,29 @@ _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square cei
 _STARTUP = flags.DEFINE_bool('startup', True, 'Also time a fresh `python train.py` on the idx '
                              'split test[:8000] from process start to its first epoch.')
 
-_COMPARE_MODES = flags.DEFINE_bool(
-    'compare_modes', False, 'Instead of the table above: the trainer\'s epoch under jit (one '
-    'device), mesh and pmap (every device), interleaved; run with several devices, e.g. '
-    'XLA_FLAGS=--xla_force_host_platform_device_count=8.')
+_COMPARE_MODES = flags.DEFINE_list(
+    'compare_modes', [], 'Instead of the table above: the trainer\'s epoch under these parallel '
+    'modes (jit: one device; mesh, pmap: every device), interleaved, e.g. jit,mesh,pmap; run with '
+    'several devices, e.g. XLA_FLAGS=--xla_force_host_platform_device_count=8.')
 
 STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'test[:8000]', 'test[8000:]'
 MIN_REPEATS = 5
+MODES = ('jit', 'mesh', 'pmap')
+WITHOUT_DATA = '--data=synthetic --nostartup'  # The flags that run this script without MNIST files.
 
 
 class LoopRun:
   """The google/flax examples/mnist pattern: host numpy dataset, one jitted step call per batch."""
 
-  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
+               trainer: workload.TrainerRun):
     # The same normalized float32 pixels the trainer computes, prepared once on the host.
     everything = batches.gather(examples.images, examples.labels, jnp.arange(len(examples)))
     self._images, self._labels = np.asarray(everything['image']), np.asarray(everything['label'])
     self._plan = jax.jit(epoch_lib.epoch_plan, static_argnums=2, static_argnames='batch_size')
     self._step = jax.jit(epoch_lib.train_batch)
     self._batch_size = config.batch_size
-    self._state = workload.initial_state(config, len(examples))
-    self._seed_key = workload.run_key(config)
+    self._state, self._seed_key = trainer.start_state, trainer.run_key
 
   def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
     """Seconds for one epoch of per-batch steps (until all metrics are on the host), its metrics."""
@@ -81,7 +89,8 @@ class LoopRun:
     return seconds, steps.summarize(sums)
 
   @property
-  def params(self):
+  def params(self) -> dict:
+    """The parameters after the epochs run so far, to compare with the trainer's."""
     return self._state.params
 
 
@@ -89,13 +98,14 @@ class MatmulsAloneRun:
   """Only the MLP's matmuls, forward and backward, at the batch's shapes, scanned over an epoch:
   what the trainer would reach if the bias, ReLU, loss, dropout and optimizer cost nothing."""
 
-  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
-    state = workload.initial_state(config, len(examples))
-    layers = sorted(state.params.items(), key=lambda item: int(item[0].rsplit('_', 1)[1]))
-    self._kernels = [layer['kernel'] for _, layer in layers]  # Dense_0, Dense_1, ... in order.
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
+               trainer: workload.TrainerRun):
+    layers = sorted(trainer.start_state.params.items(), key=lambda item: int(item[0].rsplit('_', 1)[1]))
+    # Dense_0, Dense_1, ... in order, in the compute dtype.
+    self._kernels = [layer['kernel'].astype(config.dtype) for _, layer in layers]
     self._images = jax.device_put(examples.images)
     self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
-    self._seed_key = workload.run_key(config)
+    self._seed_key = trainer.run_key
     jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, 0))
 
   @staticmethod
@@ -105,7 +115,7 @@ class MatmulsAloneRun:
 
     def body(carry, indices):
       # The carry (a scalar of the last step's gradients) keeps XLA from hoisting any step.
-      activations = [jnp.take(images, indices, axis=0).astype(jnp.float32) + carry]
+      activations = [jnp.take(images, indices, axis=0).astype(kernels[0].dtype) + carry]
       for kernel in kernels:
         activations.append(activations[-1] @ kernel)
       delta, total = activations.pop(), 0.0
@@ -115,7 +125,7 @@ class MatmulsAloneRun:
           delta = delta @ kernels[layer].T  # Input gradient, not needed for the pixels.
       return 1e-30 * total, None
 
-    return jax.lax.scan(body, jnp.float32(0), plan)[0]
+    return jax.lax.scan(body, jnp.zeros((), kernels[0].dtype), plan)[0]
 
   def epoch(self, epoch: int) -> float:
     start = time.perf_counter()
@@ -124,10 +134,10 @@ class MatmulsAloneRun:
 
 
 class MatmulRun:
-  """The machine's float32 matmul rate on one large square product."""
+  """The machine's matmul rate on one large square product, in the config's compute dtype."""
 
-  def __init__(self, size: int):
-    a, b = jax.random.normal(jax.random.key(0), (2, size, size), jnp.float32)
+  def __init__(self, size: int, dtype: str = 'float32'):
+    a, b = jax.random.normal(jax.random.key(0), (2, size, size), jnp.dtype(dtype))
     self._operands = (a, b)
     self._matmul = jax.jit(jnp.matmul).lower(a, b).compile()
     self._flops = 2 * size ** 3
@@ -191,9 +201,9 @@ def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
   matmuls alone, and one square matmul."""
   steps_per_epoch = len(examples) // config.batch_size
   trainer = workload.TrainerRun(config, examples)
-  loop = LoopRun(config, examples)
-  matmuls_alone = MatmulsAloneRun(config, examples)
-  matmul = MatmulRun(matmul_size)
+  loop = LoopRun(config, examples, trainer)
+  matmuls_alone = MatmulsAloneRun(config, examples, trainer)
+  matmul = MatmulRun(matmul_size, config.dtype)
   check = same_training(trainer, loop, epoch=1)
 
   flops_per_image = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes))
@@ -222,19 +232,17 @@ def _range(values: dict[str, float], fmt: str) -> str:
   return f'{values["median"]:{fmt}} [{values["min"]:{fmt}} .. {values["max"]:{fmt}}]'
 
 
-def report(figures: dict, config: ml_collections.ConfigDict, description: str,
-           startup: dict[str, float | bool] | None, loads: tuple[float, float], repeats: int,
-           matmul_size: int) -> str:
-  """The table and, as its last line, the JSON object."""
-  device = jax.devices()[0]
+def _table(figures: dict, config: ml_collections.ConfigDict, description: str,
+           loads: tuple[float, float], repeats: int, matmul_size: int) -> list[str]:
+  """The rows of images/s, then the ratios that explain them."""
   widths = '-'.join(str(w) for w in (784, *config.model.hidden_sizes, 10))
-  check = figures['check']
+  device, check = jax.devices()[0], figures['check']
   epoch = lambda rates: figures['images_per_epoch'] / rates['median']
   rows = (('trainer', 'trainer (scan over device-resident data)'),
           ('loop', 'conventional loop (jit step, numpy batches)'),
           ('matmuls_alone', 'the MLP\'s matmuls alone, same shapes'),
           ('ceiling', 'ceiling (matmul rate / FLOPs per image)'))
-  lines = [
+  return [
       f'MLP {widths}, {config.optimizer}, dropout {config.model.dropout_rate}, batch '
       f'{config.batch_size}, {figures["images_per_epoch"]:,} images per epoch '
       f'({figures["steps_per_epoch"]} steps); {description}',
@@ -252,29 +260,39 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       f'trainer / matmuls alone {figures["fraction_of_matmuls_alone"]["median"]:.1%} x '
       f'matmuls alone / ceiling {figures["matmuls_alone_fraction_of_ceiling"]["median"]:.1%}',
       f'ceiling: {figures["ceiling"]["median"] * figures["flops_per_image"] / 1e9:,.1f} GFLOP/s on '
-      f'a {matmul_size}x{matmul_size} float32 matmul, {figures["flops_per_image"]:,} matmul FLOPs '
-      'per trained image',
+      f'a {matmul_size}x{matmul_size} {config.dtype} matmul, {figures["flops_per_image"]:,} matmul '
+      'FLOPs per trained image',
       f'same training: after one epoch from the same state, train loss {check["trainer_loss"]:.6f} '
       f'(trainer) vs {check["loop_loss"]:.6f} (loop), largest weight difference '
       f'{check["max_weight_difference"]:.1e}',
   ]
-  if startup is not None:
-    compile_note = (f', {startup["compile_seconds"]:.1f}s of it compiling'
-                    if startup['compile_seconds'] is not None else '')
-    lines.append(f'start-up: {startup["seconds"]:.2f}s from launching `python train.py` (idx, '
-                 f'{STARTUP_TRAIN_SPLIT}) to its first epoch line{compile_note}; '
-                 f'{startup["modules_imported"]:,} modules imported, TensorFlow '
-                 f'{"among them" if startup["tensorflow_imported"] else "not"}')
-  summary = {
+
+
+def _startup_line(startup: dict[str, float | bool]) -> str:
+  """How long a user waits for `python train.py`'s first epoch, and what it imported."""
+  compile_note = (f', {startup["compile_seconds"]:.1f}s of it compiling'
+                  if startup['compile_seconds'] is not None else '')
+  return (f'start-up: {startup["seconds"]:.2f}s from launching `python train.py` (idx, '
+          f'{STARTUP_TRAIN_SPLIT}) to its first epoch line{compile_note}; '
+          f'{startup["modules_imported"]:,} modules imported, TensorFlow '
+          f'{"among them" if startup["tensorflow_imported"] else "not"}')
+
+
+def _summary(figures: dict, config: ml_collections.ConfigDict, description: str,
+             startup: dict[str, float | bool] | None, loads: tuple[float, float],
+             repeats: int) -> dict:
+  """The table's medians and spreads as one JSON object, for scripts comparing runs."""
+  from_startup = lambda key: startup[key] if startup else None
+  return {
       'trainer_images_per_second': figures['trainer']['median'],
       'loop_images_per_second': figures['loop']['median'],
       'ratio_vs_loop': figures['ratio_vs_loop']['median'],
       'ceiling_images_per_second': figures['ceiling']['median'],
       'fraction_of_ceiling': figures['fraction_of_ceiling']['median'],
-      'startup_seconds': startup['seconds'] if startup else None,
-      'tensorflow_imported_at_startup': startup['tensorflow_imported'] if startup else None,
-      'modules_imported_at_startup': startup['modules_imported'] if startup else None,
-      'startup_compile_seconds': startup['compile_seconds'] if startup else None,
+      'startup_seconds': from_startup('seconds'),
+      'tensorflow_imported_at_startup': from_startup('tensorflow_imported'),
+      'modules_imported_at_startup': from_startup('modules_imported'),
+      'startup_compile_seconds': from_startup('compile_seconds'),
       'matmuls_alone_images_per_second': figures['matmuls_alone']['median'],
       'spread': {k: figures[k] for k in ('trainer', 'loop', 'matmuls_alone', 'ceiling',
                                          'ratio_vs_loop', 'fraction_of_ceiling',
@@ -283,35 +301,74 @@ def report(figures: dict, config: ml_collections.ConfigDict, description: str,
       'loop_overhead_ms_per_step': figures['loop_overhead_ms'],
       'matmul_gflops': figures['ceiling']['median'] * figures['flops_per_image'] / 1e9,
       'flops_per_image': figures['flops_per_image'],
-      'same_training': check,
+      'same_training': figures['check'],
       'batch_size': config.batch_size, 'images_per_epoch': figures['images_per_epoch'],
-      'data': description, 'dropout_rate': config.model.dropout_rate,
-      'optimizer': config.optimizer, 'repeats': repeats, 'device': device.device_kind,
+      'data': description, 'dropout_rate': config.model.dropout_rate, 'dtype': config.dtype,
+      'optimizer': config.optimizer, 'repeats': repeats, 'device': jax.devices()[0].device_kind,
       'load_average': list(loads),
   }
+
+
+def report(figures: dict, config: ml_collections.ConfigDict, description: str,
+           startup: dict[str, float | bool] | None, loads: tuple[float, float], repeats: int,
+           matmul_size: int) -> str:
+  """The table and, as its last line, the JSON object."""
+  lines = _table(figures, config, description, loads, repeats, matmul_size)
+  if startup is not None:
+    lines.append(_startup_line(startup))
+  summary = _summary(figures, config, description, startup, loads, repeats)
   return '\n'.join(lines + ['', json.dumps(summary)])
 
 
-def compare_modes(config: ml_collections.ConfigDict, examples: Examples, repeats: int) -> str:
-  """Median epoch seconds of each parallel mode, timed in turn so load hits all alike."""
+def mode_runs(config: ml_collections.ConfigDict, examples: Examples,
+              modes: list[str]) -> dict[str, workload.TrainerRun]:
+  """The trainer's run set-up under each mode, warmed up by one epoch; a UserError for modes this
+  process cannot compare."""
+  if not modes or set(modes) - set(MODES):
+    raise UserError(f'--compare_modes={",".join(modes)}: name modes among {",".join(MODES)}, '
+                    'e.g. --compare_modes=jit,mesh,pmap')
+  if jax.device_count() == 1 and set(modes) - {'jit'}:
+    raise UserError('--compare_modes: mesh and pmap split each batch over several devices and '
+                    'this process has one; on CPU, simulate 8 with '
+                    'XLA_FLAGS=--xla_force_host_platform_device_count=8')
   runs = {}
-  for mode in ('jit', 'mesh', 'pmap'):
+  for mode in dict.fromkeys(modes):  # In the order asked, each once.
     mode_config = config.copy_and_resolve_references()
     mode_config.parallel = mode
     runs[mode] = workload.TrainerRun(mode_config, examples)
     runs[mode].epoch(1)  # Warm-up.
-  seconds = {mode: [] for mode in runs}
+  return runs
+
+
+def time_modes(runs: dict[str, workload.TrainerRun], repeats: int) -> dict:
+  """Each mode's epoch milliseconds and images/s, the modes taking turns each repetition so load
+  from other processes hits all alike."""
+  milliseconds = {mode: [] for mode in runs}
   for epoch in range(2, repeats + 2):
     for mode, trainer in runs.items():
-      seconds[mode].append(trainer.epoch(epoch)[0])
-  medians = {mode: statistics.median(values) for mode, values in seconds.items()}
-  lines = [f'{runs[mode].placement:60s} {medians[mode]:8.4f}s per epoch  '
-           f'{len(examples) // config.batch_size * config.batch_size / medians[mode]:>10,.0f} '
-           'images/s' for mode in runs]
-  ratio = medians['mesh'] / medians['pmap']
-  lines.append(f'mesh / pmap epoch time: {ratio:.3f} (median of {repeats} interleaved epochs)')
-  return '\n'.join(lines + ['', json.dumps({'epoch_seconds': medians, 'mesh_over_pmap': ratio,
-                                            'devices': jax.device_count()})])
+      milliseconds[mode].append(1e3 * trainer.epoch(epoch)[0])
+  modes = {mode: {'placement': trainer.placement, 'epoch_ms': spread(milliseconds[mode]),
+                  'images_per_second': 1e3 * trainer.images_per_epoch /
+                                       statistics.median(milliseconds[mode])}
+           for mode, trainer in runs.items()}
+  ratio = (modes['mesh']['epoch_ms']['median'] / modes['pmap']['epoch_ms']['median']
+           if {'mesh', 'pmap'} <= set(modes) else None)
+  return {'modes': modes, 'mesh_over_pmap': ratio, 'devices': jax.device_count(),
+          'images_per_epoch': next(iter(runs.values())).images_per_epoch, 'repeats': repeats}
+
+
+def modes_report(figures: dict, config: ml_collections.ConfigDict, description: str) -> str:
+  """One row per mode, the mesh / pmap ratio, and, as the last line, the JSON object."""
+  lines = [f'batch {config.batch_size}, {figures["images_per_epoch"]:,} images per epoch; '
+           f'{description}; median [min .. max] of {figures["repeats"]} interleaved epochs', '',
+           f'{"":50s} {"epoch ms":>26s} {"images/s":>10s}']
+  for mode in figures['modes'].values():
+    lines.append(f'{mode["placement"]:50s} {_range(mode["epoch_ms"], ".2f"):>26s} '
+                 f'{mode["images_per_second"]:>10,.0f}')
+  if figures['mesh_over_pmap'] is not None:
+    lines.append(f'mesh / pmap epoch time: {figures["mesh_over_pmap"]:.3f}')
+  return '\n'.join(lines + ['', json.dumps({**figures, 'batch_size': config.batch_size,
+                                            'data': description, 'dtype': config.dtype})])
 
 
 def main(argv: list[str]) -> None:
@@ -322,11 +379,14 @@ def main(argv: list[str]) -> None:
                       f'use --repeats={MIN_REPEATS} or more')
     config = workload.benchmark_config()
     if _COMPARE_MODES.value:
-      print(compare_modes(config, workload.load_images()[0], _REPEATS.value))
+      examples, description = workload.load_images()
+      figures = time_modes(mode_runs(config, examples, _COMPARE_MODES.value), _REPEATS.value)
+      print(modes_report(figures, config, description), flush=True)
       return
     load_before = os.getloadavg()[0]
-    startup = measure_startup(config.batch_size, workload.check_data_dir()) if _STARTUP.value else None
-    examples, description = workload.load_images()
+    startup = (measure_startup(config.batch_size, workload.check_data_dir(WITHOUT_DATA))
+               if _STARTUP.value else None)
+    examples, description = workload.load_images(WITHOUT_DATA)
     figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
   except UserError as error:
     fail(str(error), 1)
@@ -335,5 +395,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  flags.FLAGS.set_default('verbosity', -1)  # Warnings and errors only, as in train.py.
   app.run(main, flags_parser=workload.parse_flags)

@@ -7,6 +7,7 @@ from absl import flags
 import jax
 import ml_collections
 import numpy as np
+from jax.sharding import Mesh
 
 from configs import default
 from data.mnist import Examples, load_split
@@ -18,6 +19,8 @@ from trainer.run_setup import make_mesh, set_up_run
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 BATCH_SIZE = flags.DEFINE_integer('batch_size', 128, 'Global batch size.')
+DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
+                          'Compute dtype of activations and matmuls (config.dtype).')
 PARALLEL = flags.DEFINE_enum('parallel', 'jit', ['jit', 'mesh', 'pmap'],
                              'How the trainer runs the epoch (mesh and pmap use every device).')
 NUM_IMAGES = flags.DEFINE_integer(
@@ -53,6 +56,7 @@ def benchmark_config() -> ml_collections.ConfigDict:
   config.data.max_shift = 0
   config.batch_size = BATCH_SIZE.value
   config.parallel = PARALLEL.value
+  config.dtype = DTYPE.value
   if DROPOUT_RATE.value is not None:
     config.model.dropout_rate = DROPOUT_RATE.value
   if not 1 <= config.batch_size <= NUM_IMAGES.value:
@@ -63,23 +67,25 @@ def benchmark_config() -> ml_collections.ConfigDict:
   return config
 
 
-def check_data_dir() -> str:
-  """The MNIST folder, or a UserError naming the flag that sets it."""
+def check_data_dir(without: str | None = '--data=synthetic') -> str:
+  """The MNIST folder, or a UserError naming the flag that sets it (and `without`, the flags that
+  run this script without it, if any)."""
   if not pathlib.Path(DATA_DIR.value).expanduser().is_dir():
+    alternative = f', or {without} to run without them' if without else ''
     raise UserError(f'data folder {DATA_DIR.value} does not exist; pass --data_dir=FOLDER of the '
-                    'canonical MNIST .gz files, or --data=synthetic --nostartup to run without them')
+                    f'canonical MNIST .gz files{alternative}')
   return str(pathlib.Path(DATA_DIR.value).expanduser())
 
 
-def load_images() -> tuple[Examples, str]:
-  """The flags' examples, and a description of them for the table."""
+def load_images(without: str = '--data=synthetic') -> tuple[Examples, str]:
+  """The flags' examples, and a description of them for the table; `without` as in check_data_dir."""
   num_images = NUM_IMAGES.value
   if DATA.value == 'synthetic':
     rng = np.random.default_rng(0)
     return (Examples(images=rng.integers(0, 256, (num_images, 784), dtype=np.uint8),
                      labels=rng.integers(0, 10, num_images, dtype=np.int32)),
             f'synthetic: {num_images:,} random uint8 images of MNIST\'s shape')
-  data_config = ml_collections.ConfigDict({'source': 'idx', 'dir': check_data_dir()})
+  data_config = ml_collections.ConfigDict({'source': 'idx', 'dir': check_data_dir(without)})
   available = SPLIT_SIZES['test']
   if num_images <= available:
     return (load_split(data_config, f'test[:{num_images}]'),
@@ -90,24 +96,21 @@ def load_images() -> tuple[Examples, str]:
           f'real MNIST test set ({available:,}) repeated to {num_images:,} (idx files)')
 
 
-def initial_state(config: ml_collections.ConfigDict, num_examples: int) -> steps.TrainState:
-  """The state `train_and_evaluate` starts from; the same every call."""
-  return steps.create_train_state(config, steps.run_keys(config.seed)[0],
-                                  num_examples // config.batch_size)
-
-
-def run_key(config: ml_collections.ConfigDict) -> jax.Array:
-  """The key `train_and_evaluate` passes to every epoch."""
-  return steps.run_keys(config.seed)[1]
-
-
 class TrainerRun:
   """The trainer's epoch exactly as `train_and_evaluate` runs it: the run set-up, compiled ahead."""
 
-  def __init__(self, config: ml_collections.ConfigDict, examples: Examples):
-    self._run = set_up_run(config, make_mesh(config), examples, examples)
+  def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
+               state: steps.TrainState | None = None):
+    """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
+    self._run = set_up_run(config, make_mesh(config), examples, examples, state)
     self._state = self._run.state
-    self.placement = self._run.programs.placement
+    # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
+    # start from it to train exactly what the trainer trains.
+    self.start_state: steps.TrainState = jax.device_get(self._run.state)
+    self.run_key: jax.Array = self._run.run_key  # Drives every epoch's order and dropout.
+    self.placement: str = self._run.programs.placement
+    self.mesh: Mesh = self._run.mesh
+    self.images_per_epoch: int = len(examples) // config.batch_size * config.batch_size
 
   def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
     """Seconds for one epoch (until the state and metrics are on the host), and its metrics."""
@@ -117,11 +120,20 @@ class TrainerRun:
     return time.perf_counter() - start, metrics
 
   @property
-  def params(self):
+  def state(self) -> steps.TrainState:
+    """The state after the epochs run so far, global arrays on the mesh (what a save takes)."""
+    return self._state
+
+  @property
+  def params(self) -> dict:
+    """The parameters after the epochs run so far, to compare with another loop's."""
     return self._state.params
 
   def compiled_text(self) -> str:
-    """The compiled training epoch as XLA text (jit and mesh; pmap keeps its program to itself)."""
+    """The compiled training epoch as XLA text, for reading its ops' names."""
+    if not hasattr(self._run.programs.train, 'as_text'):
+      raise UserError(f'{self.placement}: pmap keeps its compiled program to itself; '
+                      'use --parallel=jit or --parallel=mesh')
     return self._run.programs.train.as_text()
 
 
@@ -133,4 +145,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(f'{error}; run python {argv[0]} --helpshort for the flags', 2)
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]}; flags look like --batch_size=256', 2)
+  if flags.FLAGS['verbosity'].using_default_value:
+    # Warnings and errors only, as in train.py; set, since app.run raises an unset one to info.
+    flags.FLAGS.verbosity = -1
   return rest

@@ -16,9 +16,10 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
   multiple of 1/256 (0.2 acts as 0.1992); kept units are scaled by the exact inverse.
   """
   keep = round(256 * (1 - rate))
-  words = jax.random.bits(rng, (-(-x.size // 4),), jnp.uint32)
-  draws = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:x.size].reshape(x.shape)
-  return jnp.where(draws < keep, x * (256 / keep), jnp.zeros((), x.dtype))
+  with jax.named_scope('dropout'):  # Labels its ops in profiles (benchmarks/profile_epoch.py).
+    words = jax.random.bits(rng, (-(-x.size // 4),), jnp.uint32)
+    draws = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:x.size].reshape(x.shape)
+    return jnp.where(draws < keep, x * (256 / keep), jnp.zeros((), x.dtype))
 
 
 class MLP(nn.Module):

@@ -23,9 +23,24 @@ KEYS = ('trainer_images_per_second', 'loop_images_per_second', 'ratio_vs_loop',
         'ceiling_images_per_second', 'fraction_of_ceiling', 'startup_seconds')
 
 
-def run_benchmark(*args: str) -> subprocess.CompletedProcess:
+ROWS = {'trainer': 'trainer (scan', 'loop': 'conventional loop', 'matmuls_alone': 'the MLP\'s matmuls',
+        'ceiling': 'ceiling (matmul'}
+RANGE = r'([\d,.]+) \[([\d,.]+) \.\. ([\d,.]+)\]'  # How the table prints median [min .. max].
+
+
+def run_benchmark(*args: str, cpu_devices: int | None = None) -> subprocess.CompletedProcess:
+  """`python -m benchmarks.throughput ARGS` from the project root; on that many CPU devices if given."""
+  env = dict(os.environ)
+  if cpu_devices:
+    env.update(JAX_PLATFORMS='cpu',
+               XLA_FLAGS=f'--xla_force_host_platform_device_count={cpu_devices}')
   return subprocess.run([sys.executable, '-m', 'benchmarks.throughput', *args], cwd=ROOT,
-                        capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=300, env=env)
+
+
+def printed_range(line: str) -> tuple[float, float, float]:
+  """The first median [min .. max] of a table line, as numbers."""
+  return tuple(float(x.replace(',', '')) for x in re.search(RANGE, line).groups())
 
 
 def dot_flops(jaxpr: jax.extend.core.Jaxpr) -> int:
@@ -56,23 +71,33 @@ def tiny_run(mnist_dir) -> tuple[list[str], dict]:
 
 def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
   table, figures = tiny_run
-  assert any(l.startswith('trainer / loop:') for l in table)
   assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
   assert figures['images_per_epoch'] == 640 and figures['batch_size'] == 32
   assert figures['data'] == 'real MNIST test[:640] (idx files)'
-  assert figures['matmuls_alone_images_per_second'] > 0
-  # The table prints the JSON's figures.
-  trainer_row = next(l for l in table if l.startswith('trainer (scan'))
-  assert f'{figures["trainer_images_per_second"]:,.0f} [' in trainer_row
+  # Every row of the table prints the JSON's median, min and max images/s, and its epoch time.
+  for key, start in ROWS.items():
+    row = next(l for l in table if l.startswith(start))
+    band = figures['spread'][key]
+    assert printed_range(row) == pytest.approx((band['median'], band['min'], band['max']), abs=0.5)
+    assert float(row.rsplit(' ', 1)[1].rstrip('s')) == pytest.approx(
+        640 / band['median'], abs=5e-4)
+  ratio_line = next(l for l in table if l.startswith('trainer / loop:'))
+  band = figures['spread']['ratio_vs_loop']
+  assert printed_range(ratio_line) == pytest.approx(
+      (figures['ratio_vs_loop'], band['min'], band['max']), abs=5e-3)
   assert figures['ceiling_images_per_second'] == pytest.approx(
       figures['matmul_gflops'] * 1e9 / figures['flops_per_image'])
 
 
 def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
-  check = tiny_run[1]['same_training']
+  table, figures = tiny_run
+  check = figures['same_training']
   assert check['loop_loss'] == pytest.approx(check['trainer_loss'], rel=1e-4)
   assert abs(check['loop_accuracy'] - check['trainer_accuracy']) <= 2 / 640
   assert check['max_weight_difference'] < 1e-2
+  line = next(l for l in table if l.startswith('same training:'))
+  assert (f'train loss {check["trainer_loss"]:.6f} (trainer) vs {check["loop_loss"]:.6f} (loop)'
+          in line)
 
 
 def test_startup_is_a_real_train_py_launch_without_tensorflow(tiny_run):
@@ -96,9 +121,11 @@ def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
     (['--data=csv'], 'one of <idx|synthetic>'),
     (['--nostartup', '--data_dir=/nonexistent/mnist'], 'does not exist; pass --data_dir'),
     (['--data=synthetic', '--data_dir=/nonexistent/mnist'], 'or --data=synthetic --nostartup'),
+    (['--compare_modes=jit,gpu'], '--compare_modes=jit,gpu: name modes among jit,mesh,pmap'),
+    (['--compare_modes=mesh,pmap'], 'this process has one; on CPU, simulate 8 with XLA_FLAGS'),
 ])
 def test_bad_input_ends_in_one_line(args, expected):
-  out = run_benchmark(*args)
+  out = run_benchmark(*args, cpu_devices=1)
   assert out.returncode != 0
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
@@ -121,17 +148,25 @@ def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
   assert sum(shares.values()) == pytest.approx(100, abs=0.5)
 
 
-def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices(mnist_dir):
-  out = subprocess.run([sys.executable, '-m', 'benchmarks.throughput', '--compare_modes',
-                        '--repeats=5', '--num_images=512', '--batch_size=64',
-                        f'--data_dir={mnist_dir}'], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, 'JAX_PLATFORMS': 'cpu',
-                                         'XLA_FLAGS': '--xla_force_host_platform_device_count=8'})
+def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
+  out = run_benchmark('--compare_modes=mesh,pmap', '--repeats=5', '--num_images=128',
+                      '--batch_size=64', '--data=synthetic', cpu_devices=8)
   assert out.returncode == 0, out.stderr
   lines = out.stdout.strip().splitlines()
   figures = json.loads(lines[-1])
-  assert figures['devices'] == 8 and set(figures['epoch_seconds']) == {'jit', 'mesh', 'pmap'}
-  assert figures['mesh_over_pmap'] == pytest.approx(
-      figures['epoch_seconds']['mesh'] / figures['epoch_seconds']['pmap'])
-  assert any(l.startswith('mesh on 8 cpu devices, 8 per device per step') for l in lines)
-  assert any(l.startswith('pmap on 8 cpu devices, 8 per device per step') for l in lines)
+  assert figures['devices'] == 8 and list(figures['modes']) == ['mesh', 'pmap']
+  medians = {}
+  for mode, timed in figures['modes'].items():
+    band = timed['epoch_ms']
+    assert 0 < band['min'] <= band['median'] <= band['max'] < 60_000
+    assert timed['images_per_second'] == pytest.approx(128 / (band['median'] / 1e3))
+    row = next(l for l in lines if l.startswith(timed['placement']))
+    assert printed_range(row) == pytest.approx((band['median'], band['min'], band['max']),
+                                               abs=5e-3)
+    assert float(row.split()[-1].replace(',', '')) == pytest.approx(
+        timed['images_per_second'], abs=0.5)
+    medians[mode] = band['median']
+  assert figures['modes']['mesh']['placement'].startswith('mesh on 8 cpu devices, 8 per device')
+  assert figures['modes']['pmap']['placement'].startswith('pmap on 8 cpu devices, 8 per device')
+  assert figures['mesh_over_pmap'] == pytest.approx(medians['mesh'] / medians['pmap'])
+  assert f'mesh / pmap epoch time: {figures["mesh_over_pmap"]:.3f}' in lines
