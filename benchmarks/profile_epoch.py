@@ -125,8 +125,9 @@ def report(totals: collections.Counter, ops: dict[str, tuple[str, str]], seconds
   matmul_ns = groups['matmuls (forward and backward)']
   images = len(examples) // config.batch_size * config.batch_size
   flops = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes)) * images * epochs
-  lines.append(f'matmuls run at {flops / matmul_ns:.1f} GFLOP/s while they run '
-               f'({flops / epochs / 1e9:.1f} GFLOP per epoch)')
+  if matmul_ns:  # Zero where the backend's trace names kernels, not the program's ops (GPU).
+    lines.append(f'matmuls run at {flops / matmul_ns:.1f} GFLOP/s while they run '
+                 f'({flops / epochs / 1e9:.1f} GFLOP per epoch)')
   lines += ['', f'{"ms/epoch":>9s} {"share":>6s}  {"op":26s} what (op_name)']
   for name, ns in totals.most_common(top):
     opcode, op_name = ops.get(name, ('?', ''))
