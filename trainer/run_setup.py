@@ -56,7 +56,9 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
   init_key, run_key = steps.run_keys(config.seed)
   if state is None:
     steps_per_epoch = len(train) // config.batch_size if train is not None else 1
-    state = devices.replicate(steps.create_train_state(config, init_key, steps_per_epoch), mesh)
+    # One compiled program, its result born replicated on the mesh (eager init takes seconds).
+    create = lambda key: steps.create_train_state(config, key, steps_per_epoch)
+    state = jax.jit(create, out_shardings=NamedSharding(mesh, P()))(init_key)
   run_key = devices.replicate(run_key, mesh)
   place = lambda examples: devices.replicate((examples.images, examples.labels), mesh)
   train_data = place(train) if train is not None else None
