@@ -1,5 +1,7 @@
 """TPU v3-8: data parallel over its 8 cores with pmap, global batch 1024 (128 per core per step).
 
+Measured: not run by this project (no TPU was available); see docs/parallel.md.
+
 The whole recipe, from a machine with the gcloud CLI:
 
   gcloud compute tpus tpu-vm create mnist-v3-8 --zone=europe-west4-a \
@@ -16,9 +18,10 @@ then on the TPU VM, from a copy of this repository:
 The run stops with one line if it finds other than 8 devices (num_devices); on a machine without
 a TPU add --config.num_devices=0 to run the same config on whatever is present. On a pod slice
 (v3-32: 4 hosts of 8 cores) run the same command on every host with --distributed,
---config.num_devices=32 and a --workdir that every host sees (a shared mount, e.g. NFS or a bucket
-mounted with gcsfuse; process 0 writes the checkpoints and every process reads them to resume),
-e.g. `gcloud compute tpus tpu-vm ssh NAME --worker=all --command=...`.
+--config.parallel=mesh (pmap runs in one process), --config.num_devices=32 and a --workdir
+that every host sees (a shared mount, e.g. NFS or a bucket mounted with gcsfuse; all processes
+write each checkpoint together and read it to resume), e.g.
+`gcloud compute tpus tpu-vm ssh NAME --worker=all --command=...`.
 Delete the VM afterwards: `gcloud compute tpus tpu-vm delete mnist-v3-8 --zone=europe-west4-a`.
 """
 

@@ -413,12 +413,12 @@ def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tin
 def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(small_run, tmp_path,
                                                                                 monkeypatch):
   """The same path as a full disk, on any machine: orbax reports the background save's failure."""
-  def failing_check(manager):
+  def failing_wait(manager):
     if manager.latest_step() == 2:  # After epoch 3, epoch 2's save is found to have failed.
       raise ValueError('RESOURCE_EXHAUSTED: Failed writing: "x": Failed to write 4931 bytes to '
                        "file 16: No space left on device [os_error_code='28']")
 
-  monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'check_for_errors', failing_check)
+  monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'wait_until_finished', failing_wait)
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
   assert str(error.value).startswith(f'cannot write {tmp_path} (No space left on device);')

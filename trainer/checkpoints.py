@@ -104,8 +104,8 @@ def _from_abandoned_read(unraisable: Any) -> bool:
 
 
 def _unretrieved_orbax_task(record: logging.LogRecord) -> bool:
-  """False for asyncio's 'Task exception was never retrieved' report of an abandoned orbax read."""
-  if not record.getMessage().startswith('Task exception was never retrieved'):
+  """False for asyncio's 'exception was never retrieved' report of an abandoned orbax task."""
+  if 'exception was never retrieved' not in record.getMessage():
     return True
   frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
   return not any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames)
@@ -184,8 +184,12 @@ class Checkpoints:
 
   def check(self) -> None:
     """Raises UserError if a background save has failed; does not wait for one in progress."""
-    with self._writing():
-      self._manager.check_for_errors()
+    # Not check_for_errors(): it would take the error from orbax's finalize, which would then go
+    # on to delete older checkpoints as if the failed save had succeeded.
+    # Alone: in a multi-process run the processes could disagree on whether a save is in progress,
+    # so a failure there surfaces at the next save, which all of them make together.
+    if jax.process_count() == 1 and not self._manager.is_saving_in_progress():
+      self.wait()
 
   @contextlib.contextmanager
   def _writing(self) -> Iterator[None]:
@@ -259,8 +263,10 @@ class Checkpoints:
       self._manager.wait_until_finished()
 
   def close(self) -> None:
-    self.wait()
-    self._manager.close()
+    try:
+      self.wait()
+    finally:
+      self._manager.close()
 
   def _check_config(self, saved: dict[str, Any], epoch: int) -> None:
     names = config_mismatches(saved, self._config)

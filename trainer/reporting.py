@@ -5,11 +5,14 @@ import glob
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import TextIO
 
 import jax
-from tensorboardX import SummaryWriter
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto.event_pb2 import Event, SessionLog
+from tensorboardX.summary import scalar
 
 from errors import UserError, write_failed
 
@@ -113,8 +116,13 @@ class Reporter:
     with _writing(self._workdir):
       kept = keep_records_through(self._workdir, start_epoch)
       # The suffix keeps a run resumed in the same second from overwriting the last one's events.
-      self._writer = SummaryWriter(self._workdir, purge_step=1,
-                                   filename_suffix=f'.from-epoch-{start_epoch}')
+      # Written here, not by a background thread: a full disk then stops the run with one line
+      # (tensorboardX's SummaryWriter thread dies on it, and the next writes block forever).
+      self._writer = EventsWriter(os.path.join(self._workdir, 'events'),
+                                  f'.from-epoch-{start_epoch}')
+      # A restart at step 1: TensorBoard drops every older event from step 1 on.
+      self._writer.write_event(Event(step=1, wall_time=time.time(),
+                                     session_log=SessionLog(status=SessionLog.START)))
       for record in kept:
         self._add_scalars(record)
 
@@ -135,7 +143,8 @@ class Reporter:
   def _add_scalars(self, record: dict[str, float]) -> None:
     for name, value in record.items():
       if name != 'epoch':
-        self._writer.add_scalar(name.replace('_', '/', 1), value, int(record['epoch']))
+        self._writer.write_event(Event(wall_time=time.time(), step=int(record['epoch']),
+                                       summary=scalar(name.replace('_', '/', 1), value)))
     self._writer.flush()
 
   @contextlib.contextmanager
