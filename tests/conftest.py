@@ -1,5 +1,6 @@
 """Shared test fixtures: the real MNIST test set beside the project, and configs that train on it fast."""
 
+import json
 import os
 import pathlib
 import subprocess
@@ -15,6 +16,19 @@ MNIST_DIR = ROOT / 'data' / 'mnist'  # The canonical test files the project carr
 # The real-data split used throughout: train on the first 8,000 test images, evaluate on the last 2,000.
 REAL_SPLITS = {'data.source': 'idx', 'data.dir': str(MNIST_DIR),
                'data.train_split': 'test[:8000]', 'data.eval_split': 'test[8000:]'}
+
+
+TIMINGS = ('epoch_seconds', 'train_images_per_second')
+
+
+def read_metrics(workdir: pathlib.Path) -> list[dict]:
+  """A run directory's metrics.jsonl records."""
+  return [json.loads(line) for line in (workdir / 'metrics.jsonl').read_text().splitlines()]
+
+
+def without_timings(records: list[dict]) -> list[dict]:
+  """The records' figures that a config and seed decide, bit for bit."""
+  return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records]
 
 
 def _merged(overrides: dict) -> dict:

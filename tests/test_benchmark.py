@@ -69,6 +69,7 @@ def tiny_run(mnist_dir) -> tuple[list[str], dict]:
   return lines[:-1], json.loads(lines[-1])
 
 
+@pytest.mark.slow
 def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
   table, figures = tiny_run
   assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
@@ -89,6 +90,7 @@ def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
       figures['matmul_gflops'] * 1e9 / figures['flops_per_image'])
 
 
+@pytest.mark.slow
 def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
   table, figures = tiny_run
   check = figures['same_training']
@@ -100,6 +102,7 @@ def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
           in line)
 
 
+@pytest.mark.slow
 def test_startup_is_a_real_train_py_launch_without_tensorflow(tiny_run):
   figures = tiny_run[1]
   assert 0.5 < figures['startup_seconds'] < 300
@@ -108,6 +111,7 @@ def test_startup_is_a_real_train_py_launch_without_tensorflow(tiny_run):
   assert figures['tensorflow_imported_at_startup'] is False
 
 
+@pytest.mark.slow
 def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
   state = steps.create_train_state(make_config(), jax.random.key(0), steps_per_epoch=1)
   batch = {'image': jnp.zeros((8, 784)), 'label': jnp.zeros((8,), jnp.int32)}
@@ -131,6 +135,7 @@ def test_bad_input_ends_in_one_line(args, expected):
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
 
 
+@pytest.mark.slow
 def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
   out = subprocess.run([sys.executable, '-m', 'benchmarks.profile_epoch', '--batch_size=32',
                         '--num_images=640', '--epochs=1', f'--data_dir={mnist_dir}'], cwd=ROOT,
@@ -148,6 +153,7 @@ def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
   assert sum(shares.values()) == pytest.approx(100, abs=0.5)
 
 
+@pytest.mark.slow
 def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
   out = run_benchmark('--compare_modes=mesh,pmap', '--repeats=5', '--num_images=128',
                       '--batch_size=64', '--data=synthetic', cpu_devices=8)

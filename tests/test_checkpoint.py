@@ -23,8 +23,8 @@ from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.preemption import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from tests.conftest import ROOT, make_config, override_flags, run_train
-from tests.test_trainer import read_metrics, without_timings
+from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
+                            without_timings)
 
 CONFIG = '--config=configs/default.py'
 # In-process runs: 2,000 training images, 3 epochs; dropout stays on, so its keys must resume too.
@@ -94,6 +94,7 @@ def stop_after(epochs: int):
   return should_stop
 
 
+@pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     small_run, tmp_path, capsys):
   config = make_config(**SMALL)
@@ -291,6 +292,7 @@ def recorded(workdir, epoch: int) -> bool:
   return any(r['epoch'] == epoch for r in read_records(str(workdir)))
 
 
+@pytest.mark.slow
 def test_sigkill_in_the_middle_of_an_epoch_then_rerun_ends_with_the_same_numbers(long_run,
                                                                                  tmp_path):
   process = start_train(tmp_path, **LONG)
@@ -309,6 +311,7 @@ def test_sigkill_in_the_middle_of_an_epoch_then_rerun_ends_with_the_same_numbers
   assert_tensorboard_matches_metrics(tmp_path)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_with_a_resume_hint_and_the_rerun_ends_exactly(long_run, tmp_path):
   process = start_train(tmp_path, **LONG)
   wait_for(lambda: recorded(tmp_path, 1), process)
@@ -388,6 +391,7 @@ def tiny_disk(tmp_path):
   subprocess.run(['umount', '-l', str(mount)], check=False)
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tiny_disk, tmp_path):
   reference = tmp_path / 'reference'
   loop.train_and_evaluate(make_config(**TINY_DISK_RUN), str(reference))
@@ -430,6 +434,7 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
 
+@pytest.mark.slow
 def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
   config = make_config(**{**SMALL, 'num_epochs': 2}, dtype='bfloat16')
   loop.train_and_evaluate(config, str(tmp_path / 'straight'))

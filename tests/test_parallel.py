@@ -18,7 +18,8 @@ from trainer import config_checks
 from trainer.devices import choose_mode
 from errors import ConfigError, UserError
 from trainer.reporting import METRICS_FILE
-from tests.conftest import ROOT, assert_fails_cleanly, make_config, override_flags, run_train
+from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
+                            run_train)
 from tests.parallel_probe import MODES, SETTINGS
 
 CONFIG = '--config=configs/default.py'
@@ -28,10 +29,6 @@ TRAIN_COUNT, EVAL_COUNT = 4096, 2000  # Images trained on per epoch and scored, 
 def on_devices(count: int) -> dict[str, str]:
   """Environment for a process that sees `count` CPU devices."""
   return {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': f'--xla_force_host_platform_device_count={count}'}
-
-
-def read_metrics(workdir) -> list[dict]:
-  return [json.loads(line) for line in (workdir / METRICS_FILE).read_text().splitlines()]
 
 
 def assert_same_numbers(records: list[dict], reference: list[dict]) -> None:
@@ -55,6 +52,7 @@ def probe(tmp_path_factory, mnist_dir):
   return json.loads((out / 'probe.json').read_text()), result.stdout, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode', ['mesh', 'pmap'])
 def test_8_devices_give_one_devices_numbers_each_epoch(probe, mode):
   report, stdout, out = probe
@@ -64,6 +62,7 @@ def test_8_devices_give_one_devices_numbers_each_epoch(probe, mode):
   assert_same_numbers(read_metrics(out / mode), read_metrics(out / 'jit'))
 
 
+@pytest.mark.slow
 def test_replicated_state_is_one_global_copy_and_counts_each_example_once(probe):
   state = probe[0]['mesh_state']
   assert state['mesh_size'] == 8 and state['replicated']
@@ -104,6 +103,7 @@ def finish(processes: list[subprocess.Popen]) -> list[tuple[str, str]]:
       p.kill()
 
 
+@pytest.mark.slow
 def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_dir):
   args = [CONFIG, *override_flags(parallel='mesh', **SETTINGS)]
   reference = run_train(*args, f'--workdir={tmp_path / "one"}', env=on_devices(4))
@@ -142,6 +142,7 @@ def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_
         'error: the processes see different checkpoints (newest epoch 2, 0 for processes 0, 1, ...')
 
 
+@pytest.mark.slow
 def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_path, mnist_dir):
   epochs = 12
   args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': epochs,
@@ -207,9 +208,6 @@ def test_a_negative_device_count_is_refused_before_any_work():
 
 
 BAD_LAUNCHES = {
-    'batch that does not split over 8 devices': (
-        [CONFIG, *override_flags(batch_size=100)], 8,
-        'batch_size must divide evenly over 8 devices, got 100; pass --config.batch_size=104'),
     'the TPU v3-8 config on one device': (
         ['--config=configs/tpu_v3_8.py', *override_flags()], 1,
         'num_devices must match the 1 device present, got 8; pass --config.num_devices=0'),
@@ -232,6 +230,7 @@ def test_bad_launch_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_d
   assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('first', MODES)
 @pytest.mark.parametrize('then', MODES)
 def test_a_checkpoint_saved_in_one_mode_resumes_in_any_other_exactly(probe, first, then):

@@ -45,6 +45,7 @@ def test_a_lock_whose_holder_was_killed_never_blocks(tmp_path):
     pass
 
 
+@pytest.mark.slow
 def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_path, mnist_dir):
   args = ['--config=configs/default.py', f'--workdir={tmp_path}',
           *override_flags(num_epochs=6, data__train_split='test[:4000]')]

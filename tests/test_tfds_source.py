@@ -27,6 +27,7 @@ def test_tfds_split_loads_as_uint8_images_and_int_labels(tmp_path, monkeypatch):
   assert examples.labels.min() >= 0 and examples.labels.max() <= 9
 
 
+@pytest.mark.slow
 def test_training_runs_end_to_end_on_the_tfds_path(tmp_path, monkeypatch):
   monkeypatch.setattr(tfds_source, 'can_reach', lambda *a, **k: True)
   config = tfds_config(tmp_path, num_epochs=2, batch_size=50, data__train_split='train',

@@ -5,28 +5,20 @@ import json
 
 import jax
 import numpy as np
+import pytest
 
 from data.mnist import load_split
 from trainer.run_setup import make_mesh, set_up_run
 from mlp import steps
 from trainer import evaluation, loop
 from trainer.reporting import METRICS_FILE
-from tests.conftest import make_config
+from tests.conftest import make_config, read_metrics, without_timings
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
 SMALL = dict(num_epochs=2, data__train_split='test[:2000]', data__eval_split='test[8000:]')
-TIMINGS = ('epoch_seconds', 'train_images_per_second')
 
 
-def read_metrics(workdir) -> list[dict]:
-  with open(workdir / METRICS_FILE, encoding='utf-8') as f:
-    return [json.loads(line) for line in f]
-
-
-def without_timings(records: list[dict]) -> list[dict]:
-  return [{k: v for k, v in r.items() if k not in TIMINGS} for r in records]
-
-
+@pytest.mark.slow
 def test_same_config_and_seed_give_bit_identical_metrics(tmp_path, mnist_dir):
   for name in ('a', 'b'):
     loop.train_and_evaluate(make_config(**SMALL), str(tmp_path / name))

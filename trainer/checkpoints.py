@@ -266,7 +266,8 @@ class Checkpoints:
     try:
       self.wait()
     finally:
-      self._manager.close()
+      with self._writing():
+        self._manager.close()
 
   def _check_config(self, saved: dict[str, Any], epoch: int) -> None:
     names = config_mismatches(saved, self._config)
