@@ -119,6 +119,7 @@ def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
   assert tiny_run[1]['flops_per_image'] == dot_flops(jaxpr) // 8
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, expected', [
     (['--repeats=3'], '--repeats=3 is too few'),
     (['--batch_size=0'], 'needs 1 <= batch_size'),

@@ -168,20 +168,19 @@ def assert_tensorboard_matches_metrics(workdir):
 # How each damage is done to a checkpoint folder, what the warning must say about it, and whether
 # the rerun is train.py itself (the failed read of a truncated file used to print tracebacks at
 # exit) or, faster, in-process.
-DAMAGE = {
-    'truncated data file': (lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read',
-                            True),
-    'one flipped byte': (lambda ckpt: flip_byte(largest_file(ckpt / 'state')), 'fingerprint',
-                         False),
-    'deleted metadata': (lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read',
-                         False),
-}
+DAMAGE = [
+    pytest.param(lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read', True,
+                 id='truncated data file', marks=pytest.mark.slow),
+    pytest.param(lambda ckpt: flip_byte(largest_file(ckpt / 'state')), 'fingerprint', False,
+                 id='one flipped byte'),
+    pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
+                 id='deleted metadata', marks=pytest.mark.slow),
+]
 
 
-@pytest.mark.parametrize('damage', DAMAGE)
-def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(damage, small_run,
-                                                                           small_copy, capfd):
-  damage_fn, why, with_train_py = DAMAGE[damage]
+@pytest.mark.parametrize('damage_fn, why, with_train_py', DAMAGE)
+def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
+    damage_fn, why, with_train_py, small_run, small_copy, capfd):
   damage_fn(small_copy / '3')
   if with_train_py:
     out = run_train(CONFIG, f'--workdir={small_copy}', *override_flags(**SMALL))

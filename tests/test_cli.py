@@ -14,6 +14,7 @@ from trainer import loop
 CONFIG = '--config=configs/default.py'
 
 
+@pytest.mark.slow
 def test_two_epochs_on_real_mnist_learn_the_task(tmp_path, mnist_dir):
   out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(num_epochs=2))
   assert out.returncode == 0, out.stderr

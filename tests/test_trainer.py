@@ -59,6 +59,7 @@ def test_padded_evaluation_scores_every_example_once(mnist_dir):
   np.testing.assert_allclose(sums['loss'], reference['loss'], rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_profile_epoch_traces_that_epoch_into_the_run_directory(tmp_path, capsys, mnist_dir):
   loop.train_and_evaluate(make_config(**SMALL, profile_epoch=2), str(tmp_path))
   traces = list(tmp_path.glob('plugins/profile/*/perfetto_trace.json.gz'))
