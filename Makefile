@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
 
-.PHONY: train test clean-env
+.PHONY: train test test-fast clean-env
 
 $(VENV)/installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -17,6 +17,9 @@ train: $(VENV)/installed
 
 test: $(VENV)/installed
 	$(PYTHON) -m pytest -q
+
+test-fast: $(VENV)/installed
+	$(PYTHON) -m pytest -q -m "not slow"
 
 clean-env:
 	rm -rf $(VENV)

@@ -19,6 +19,23 @@ class ConfigError(UserError):
     self.fix = fix  # A value to pass instead, or the form one takes.
 
 
+class ClosedOnExit:
+  """A context manager that closes on exit, where a failure to close never hides an earlier error."""
+
+  def close(self) -> None:
+    raise NotImplementedError
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, exc_type, *exc_info) -> None:
+    try:
+      self.close()
+    except UserError:
+      if exc_type is None:  # Else the error already on its way out is the one to report.
+        raise
+
+
 def write_failed(path: str, error: Exception) -> UserError:
   """A write the machine refused (full disk, lost permission, I/O error), as the user's one line."""
   reason = getattr(error, 'strerror', None)

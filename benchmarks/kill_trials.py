@@ -3,10 +3,10 @@
   python -m benchmarks.kill_trials [--trials=20] [--seed=0]
 
 Runs a short real-data training once uninterrupted, then, per trial, starts it in a fresh run
-directory and SIGKILLs it at a random time: in one trial of three drawn over the whole run
-(start-up included), in the others over its epochs, where the background saves and their finalize
-happen. Every other trial kills the rerun too (during its restore and TensorBoard rebuild, or
-later); then the same command runs to the end. Each final metrics.jsonl
+directory and SIGKILLs it at a random time: in two trials of three drawn over its epochs (timed
+from its first epoch line), where the background saves and their finalize happen, else over its
+start-up. Every other trial kills the rerun too, during its restore, set-up or TensorBoard
+rebuild; then the same command runs to the end. Each final metrics.jsonl
 (timings aside) and the final checkpoint's state fingerprint must equal the uninterrupted run's.
 """
 
@@ -57,17 +57,25 @@ def phase(workdir: pathlib.Path, stdout: str) -> str:
   return 'restoring' if 'resumed from' in stdout else 'start-up'
 
 
-def kill_after(workdir: pathlib.Path, seconds: float) -> str:
-  """Starts the run, SIGKILLs it after `seconds` (if still running); the phase it was in."""
+def kill_after(workdir: pathlib.Path, seconds: float, from_first_epoch: bool) -> str:
+  """Starts the run, SIGKILLs it `seconds` after its start or its first epoch line; its phase then.
+
+  Timing from the first epoch line keeps the kill inside the epochs whatever the machine's load.
+  """
   with subprocess.Popen(_command(workdir), cwd=workload.ROOT, stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL, text=True) as process:
+    seen = ''
+    for line in process.stdout if from_first_epoch else ():
+      seen += line
+      if line.startswith('epoch '):
+        break
     try:
       process.wait(timeout=seconds)
       return 'finished first'
     except subprocess.TimeoutExpired:
       where = phase(workdir, '')
       process.kill()
-      stdout = process.communicate()[0]
+      stdout = seen + process.communicate()[0]
       return where if where == 'during a save' else phase(workdir, stdout)
 
 
@@ -89,15 +97,17 @@ def trial(root: pathlib.Path, number: int, window: tuple[float, float], rng: ran
   """One killed run (two kills in odd trials), then a rerun to the end: its table row."""
   workdir = root / f'trial{number}'
   first_epoch, duration = window
-  at = rng.uniform(0 if number % 3 == 0 else first_epoch * 0.9, duration)
-  where = kill_after(workdir, at)
+  in_epochs = number % 3 != 0  # Two trials in three: a kill among the epochs and their saves.
+  at = rng.uniform(0, duration - first_epoch if in_epochs else first_epoch)
+  where = kill_after(workdir, at, from_first_epoch=in_epochs)
   if number % 2:
-    again = rng.uniform(0, duration)
-    where += f'; rerun killed at {again:.1f}s: {kill_after(workdir, again)}'
+    again = rng.uniform(0, first_epoch)  # During the rerun's restore, set-up or TensorBoard rebuild.
+    where += f'; rerun killed at {again:.1f}s: {kill_after(workdir, again, False)}'
 
   finished = subprocess.run(_command(workdir), cwd=workload.ROOT, capture_output=True, text=True)
   same = finished.returncode == 0 and outcome(workdir) == reference
-  return f'{number:5d}  {at:6.1f}s  {where:60s}  {"identical" if same else "DIFFERENT"}'
+  when = f'{"epoch 1 +" if in_epochs else "start +"}{at:5.2f}s'
+  return f'{number:5d}  {when:15s}  {where:60s}  {"identical" if same else "DIFFERENT"}'
 
 
 def main(argv: list[str]) -> None:
@@ -107,9 +117,9 @@ def main(argv: list[str]) -> None:
     root = pathlib.Path(folder)
     window = timed_run(root / 'reference')
     reference = outcome(root / 'reference')
-    print(f'uninterrupted run: {window[1]:.1f}s, {EPOCHS} epochs from {window[0]:.1f}s; kill '
-          f'times drawn from 0 (every third trial) or {0.9 * window[0]:.1f}s to {window[1]:.1f}s\n'
-          f'trial  killed  phase{"":55s}  outcome')
+    print(f'uninterrupted run: {window[1]:.1f}s, its first epoch line at {window[0]:.1f}s; kills '
+          'drawn over the epochs (from the first epoch line) in two trials of three, else over '
+          f'the start-up\ntrial  killed at         phase{"":55s}  outcome')
     rows = [trial(root, n, window, rng, reference) for n in range(1, _TRIALS.value + 1)]
     print('\n'.join(rows))
   same = sum(row.endswith('identical') for row in rows)

@@ -1,1 +1,1 @@
-"""Model, train state, step functions and the training loop (imports stay light: see mlp/errors.py)."""
+"""The pure learning code: the MLP, its optimizer, the step and epoch functions, on-device batches."""

@@ -17,8 +17,10 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
   """
   keep = round(256 * (1 - rate))
   with jax.named_scope('dropout'):  # Labels its ops in profiles (benchmarks/profile_epoch.py).
-    words = jax.random.bits(rng, (-(-x.size // 4),), jnp.uint32)
-    draws = jax.lax.bitcast_convert_type(words, jnp.uint8).reshape(-1)[:x.size].reshape(x.shape)
+    words = jax.random.bits(rng, (-(-x.size // 4), 1), jnp.uint32)
+    # Shifts, not a bitcast: the same bytes on every backend, whatever its byte order.
+    draws = (words >> jnp.array([0, 8, 16, 24], jnp.uint32)) & 0xFF
+    draws = draws.reshape(-1)[:x.size].reshape(x.shape)
     return jnp.where(draws < keep, x * (256 / keep), jnp.zeros((), x.dtype))
 
 

@@ -23,7 +23,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mlp import steps
-from errors import UserError, write_failed
+from errors import ClosedOnExit, UserError, write_failed
 from trainer import processes
 
 STATE, META = 'state', 'meta'
@@ -140,7 +140,7 @@ def _mute_orbax_noise() -> None:
     asyncio_logger.addFilter(_unretrieved_orbax_task)
 
 
-class Checkpoints:
+class Checkpoints(ClosedOnExit):
   """The run directory's checkpoints, one folder per saved epoch: asynchronous saves, verified restores.
 
   Every process of a multi-process run must make the same calls: orbax coordinates the writes.
@@ -157,16 +157,6 @@ class Checkpoints:
         max_to_keep=config.max_checkpoints_to_keep, create=not read_only,
         cleanup_tmp_directories=not read_only, enable_async_checkpointing=True)
     self._manager = ocp.CheckpointManager(self.directory, item_names=(STATE, META), options=options)
-
-  def __enter__(self) -> 'Checkpoints':
-    return self
-
-  def __exit__(self, exc_type, *exc_info) -> None:
-    try:
-      self.close()
-    except UserError:
-      if exc_type is None:  # Else the error already on its way out is the one to report.
-        raise
 
   def epochs(self) -> list[int]:
     """The epochs with a complete checkpoint, oldest first."""

@@ -14,7 +14,7 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.summary import scalar
 
-from errors import UserError, write_failed
+from errors import ClosedOnExit, UserError, write_failed
 
 METRICS_FILE = 'metrics.jsonl'
 EVAL_FILE = 'eval.jsonl'  # Results of --config.eval_only=True runs.
@@ -88,7 +88,7 @@ def _writing(path: str) -> Iterator[str]:
     raise write_failed(path, error) from error
 
 
-class Reporter:
+class Reporter(ClosedOnExit):
   """The run's one voice: log lines, warnings, and the run directory's metrics and events.
 
   metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch` and rebuilds
@@ -184,16 +184,6 @@ class Reporter:
         f.write(json.dumps(record) + '\n')
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
-
-  def __enter__(self) -> 'Reporter':
-    return self
-
-  def __exit__(self, exc_type, *exc_info) -> None:
-    try:
-      self.close()
-    except UserError:
-      if exc_type is None:  # Else the error already on its way out is the one to report.
-        raise
 
   def close(self) -> None:
     if self._writer is not None:

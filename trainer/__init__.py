@@ -1,0 +1,1 @@
+"""The run machinery: devices, the loop, checkpoints, preemption, processes, the reporter."""
