@@ -1,4 +1,12 @@
-"""Default hyperparameters: a 784-512-512-10 MLP, dropout and ±1-pixel shifts, AdamW with warmup and cosine decay."""
+"""Default: a 784-512-512-10 MLP, dropout and ±1-pixel shifts, AdamW with warmup and cosine decay.
+
+  python train.py --config=configs/default.py            # MNIST's 60,000 training images (TFDS)
+
+Measured on the carried split (append --config.data.source=idx --config.data.dir=data/mnist
+--config.data.train_split='test[:8000]' --config.data.eval_split='test[8000:]'): final eval
+accuracy 98.40% / 98.50% / 98.35% for seeds 0 / 1 / 2, about 0.3 s per epoch on 2 CPU cores.
+The full-dataset run was not measured: this project's machines cannot download it.
+"""
 
 import ml_collections
 
