@@ -15,11 +15,12 @@ $(VENV)/installed: requirements.txt
 train: $(VENV)/installed
 	$(PYTHON) train.py --config=$(CONFIG) $(ARGS)
 
+# One test file per worker, on every core (pytest-xdist).
 test: $(VENV)/installed
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n auto --dist=loadfile
 
 test-fast: $(VENV)/installed
-	$(PYTHON) -m pytest -q -m "not slow"
+	$(PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
 
 clean-env:
 	rm -rf $(VENV)

@@ -73,6 +73,24 @@ def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
   assert (workdir / 'metrics.jsonl').read_text() == '{"epoch": 1}\n'
 
 
+def on_devices(count: int) -> dict[str, str]:
+  """Environment for a process that sees `count` CPU devices."""
+  return {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': f'--xla_force_host_platform_device_count={count}'}
+
+
+TRAIN_COUNT, EVAL_COUNT = 4096, 2000  # Images trained per epoch and scored in the parallel tests.
+
+
+def assert_same_numbers(records: list[dict], reference: list[dict]) -> None:
+  """Losses within 1e-5 relative and accuracies within one example, epoch by epoch."""
+  assert [r['epoch'] for r in records] == [r['epoch'] for r in reference] == [1, 2]
+  for record, expected in zip(records, reference):
+    for name in ('train_loss', 'eval_loss'):
+      assert record[name] == pytest.approx(expected[name], rel=1e-5), (name, record, expected)
+    for name, count in (('train_accuracy', TRAIN_COUNT), ('eval_accuracy', EVAL_COUNT)):
+      assert abs(record[name] - expected[name]) * count <= 1 + 1e-9, (name, record, expected)
+
+
 @pytest.fixture(scope='session')
 def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():

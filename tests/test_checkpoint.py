@@ -16,7 +16,6 @@ import pytest
 
 from trainer import checkpoints as checkpoint
 from trainer import config_checks
-from mlp import steps
 from trainer import evaluation, loop
 from trainer.run_setup import make_mesh, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints

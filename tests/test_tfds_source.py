@@ -8,7 +8,7 @@ import tensorflow_datasets as tfds
 
 from data import tfds_source
 from data.mnist import load_split
-from trainer import evaluation, loop
+from trainer import loop
 from errors import UserError
 from tests.conftest import make_config
 

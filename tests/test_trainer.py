@@ -10,8 +10,7 @@ import pytest
 from data.mnist import load_split
 from trainer.run_setup import make_mesh, set_up_run
 from mlp import steps
-from trainer import evaluation, loop
-from trainer.reporting import METRICS_FILE
+from trainer import loop
 from tests.conftest import make_config, read_metrics
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.

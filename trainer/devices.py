@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from errors import ConfigError, UserError
+from errors import ConfigError
 from mlp import epoch
 
 AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.

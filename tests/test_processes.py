@@ -1,0 +1,138 @@
+"""Several processes of one run: joining, the same numbers as one process, stopping together.
+
+Each process runs train.py with its own simulated CPU device count, as a user would launch it.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_devices,
+                            override_flags, read_metrics, run_train)
+from tests.parallel_probe import SETTINGS
+from trainer.reporting import METRICS_FILE
+
+CONFIG = '--config=configs/default.py'
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def launch_two_processes(args: list[str], workdir_of) -> list[subprocess.Popen]:
+  """train.py as processes 0 and 1 of one run, 2 simulated CPU devices each."""
+  address = f'--coordinator_address=127.0.0.1:{free_port()}'
+  env = {**os.environ, **on_devices(2)}
+  return [subprocess.Popen(
+      [sys.executable, 'train.py', *args, f'--workdir={workdir_of(i)}', address,
+       '--num_processes=2', f'--process_id={i}'],
+      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+          for i in range(2)]
+
+
+def finish(processes: list[subprocess.Popen]) -> list[tuple[str, str]]:
+  """Each process's (stdout, stderr), once all have ended; none outlives the test."""
+  try:
+    return [p.communicate(timeout=300) for p in processes]
+  finally:
+    for p in processes:
+      p.kill()
+
+
+@pytest.mark.slow
+def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_dir):
+  args = [CONFIG, *override_flags(parallel='mesh', **SETTINGS)]
+  reference = run_train(*args, f'--workdir={tmp_path / "one"}', env=on_devices(4))
+  assert reference.returncode == 0, reference.stderr
+
+  shared = tmp_path / 'shared'
+  processes = launch_two_processes(args, lambda i: shared)
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+
+  assert_same_numbers(read_metrics(shared), read_metrics(tmp_path / 'one'))
+  first, second = outputs[0][0], outputs[1][0]
+  assert 'mesh on 4 cpu devices in 2 processes, 32 per device per step' in first
+  assert sum(line.startswith('epoch ') for line in first.splitlines()) == 2
+  assert len(list(shared.glob('events.out.tfevents.*'))) == 1
+  # Process 1 computed the same epochs but printed no log line.
+  assert not [line for line in second.splitlines() if line.startswith(('epoch ', 'training'))]
+
+  # Run directories local to each host: process 1 cannot see the one process 0 made. Both stop
+  # with one line before any checkpoint is written (orbax writes one checkpoint together).
+  processes = launch_two_processes(args, lambda i: tmp_path / f'local{i}')
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [1, 1]
+  for _, err in outputs:
+    assert err.strip().splitlines()[-1].startswith(
+        'error: process 1 cannot see the run directory that process 0 made')
+
+  # Each host's own copy, one of them behind: process 0 would resume at epoch 2 and process 1
+  # start afresh. Both stop with one line before restoring anything (orbax restores together).
+  (tmp_path / 'behind').mkdir()
+  processes = launch_two_processes(args, lambda i: shared if i == 0 else tmp_path / 'behind')
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [1, 1]
+  for _, err in outputs:
+    assert err.strip().splitlines()[-1].startswith(
+        'error: the processes see different checkpoints (newest epoch 2, 0 for processes 0, 1, ...')
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_path, mnist_dir):
+  epochs = 12
+  args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': epochs,
+                                                       'data__train_split': 'test[:2048]'})]
+  workdir = tmp_path / 'run'
+  processes = launch_two_processes(args, lambda i: workdir)
+  metrics = workdir / METRICS_FILE
+  deadline = time.monotonic() + 240
+  while not (metrics.exists() and metrics.read_text().strip()):
+    assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+    time.sleep(0.2)
+  processes[1].send_signal(signal.SIGTERM)  # A preempted host: the only one signalled.
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [143, 143], [err for _, err in outputs]
+  stopped = len(read_metrics(workdir))
+  assert stopped < epochs and (workdir / str(stopped)).is_dir()
+  for _, err in outputs:
+    assert f'stopped by SIGTERM after epoch {stopped}, whose checkpoint is saved' in err
+
+  processes = launch_two_processes(args, lambda i: workdir)
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+  assert f'resumed from epoch {stopped}' in outputs[0][0]
+  assert [r['epoch'] for r in read_metrics(workdir)] == list(range(1, epochs + 1))
+
+
+BAD_LAUNCHES = {
+    'the TPU v3-8 config on one device': (
+        ['--config=configs/tpu_v3_8.py', *override_flags()], 1,
+        'num_devices must match the 1 device present, got 8; pass --config.num_devices=0'),
+    'a process id past the process count': (
+        [CONFIG, '--coordinator_address=127.0.0.1:1', '--num_processes=2', '--process_id=2'], 1,
+        'process_id < num_processes'),
+    'a coordinator address without a port': (
+        [CONFIG, '--coordinator_address=localhost', '--num_processes=2', '--process_id=0'], 1,
+        "--coordinator_address='localhost' is not HOST:PORT"),
+    'a peer that never starts': (
+        [CONFIG, '--coordinator_address=127.0.0.1:{port}', '--num_processes=2', '--process_id=0',
+         '--initialization_timeout=2'], 1, 'not every process joined the run within 2s'),
+}
+SLOW_LAUNCHES = ('a peer that never starts',)  # It waits out the 2 s timeout.
+
+
+@pytest.mark.parametrize('case', [
+    pytest.param(case, marks=pytest.mark.slow) if case in SLOW_LAUNCHES else case
+    for case in BAD_LAUNCHES])
+def test_bad_launch_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_dir):
+  args, devices, expected = BAD_LAUNCHES[case]
+  args = [arg.replace('{port}', str(free_port())) for arg in args]
+  assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
