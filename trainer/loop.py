@@ -10,6 +10,7 @@ from jax.sharding import Mesh
 
 from data.mnist import Examples, load_split
 from errors import UserError
+from mlp import steps
 from trainer import evaluation
 from trainer import processes
 from trainer.checkpoints import Checkpoints, Restored
@@ -81,7 +82,8 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
   return record
 
 
-def _run_epoch(run: RunSetup, state, epoch: int, batch_size: int) -> tuple[object, dict]:
+def _run_epoch(run: RunSetup, state: steps.TrainState, epoch: int,
+               batch_size: int) -> tuple[steps.TrainState, dict[str, float]]:
   """Trains one epoch and evaluates the result: the new state and the epoch's record."""
   start = time.perf_counter()
   state, train_metrics = run.train_epoch(state, epoch)
