@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -441,6 +442,22 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
+
+
+def test_only_asyncio_reports_of_abandoned_orbax_writes_are_muted(tmp_path):
+  """A failed write's future, reported unretrieved after the run's one error line, stays silent."""
+  Checkpoints(str(tmp_path), make_config()).close()  # Installs the filters.
+  asyncio_logger = logging.getLogger('asyncio')
+
+  def report(exception: Exception) -> logging.LogRecord:
+    message = f'Future exception was never retrieved\nfuture: <Future finished exception={exception!r}>'
+    return logging.LogRecord('asyncio', logging.ERROR, 'base_events.py', 1771, message, None,
+                             (type(exception), exception, None))
+
+  orbax_write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.Dense_0.bias/0" at local '
+                           f'file "{tmp_path}/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
+  assert not asyncio_logger.filter(report(orbax_write))
+  assert asyncio_logger.filter(report(ValueError('a failure of something else')))
 
 
 @pytest.mark.slow

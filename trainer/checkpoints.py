@@ -104,11 +104,14 @@ def _from_abandoned_read(unraisable: Any) -> bool:
 
 
 def _unretrieved_orbax_task(record: logging.LogRecord) -> bool:
-  """False for asyncio's 'exception was never retrieved' report of an abandoned orbax task."""
-  if 'exception was never retrieved' not in record.getMessage():
+  """False for asyncio's 'exception was never retrieved' report of an abandoned orbax read or write."""
+  message = record.getMessage()
+  if 'exception was never retrieved' not in message:
     return True
+  # A failed write's future may hold only tensorstore's error, which names orbax's folders.
   frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
-  return not any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames)
+  return not ('.orbax-checkpoint-tmp' in message
+              or any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames))
 
 
 def _orbax_error(record: logging.LogRecord) -> bool:
