@@ -36,12 +36,19 @@ class ClosedOnExit:
         raise
 
 
+def _os_reason(text: str) -> str:
+  """The OS's reason inside orbax's (tensorstore's) error text, whose form varies by version."""
+  found = re.search(r':\s*([^:\[\]]+?)\s*\[os_error_code', text)
+  if found:
+    return found.group(1)
+  if 'RESOURCE_EXHAUSTED' in text:  # Tensorstore's status for ENOSPC and EDQUOT.
+    return 'No space left on device, or over quota'
+  return (text.strip().splitlines() or [''])[0][:160]
+
+
 def write_failed(path: str, error: Exception) -> UserError:
   """A write the machine refused (full disk, lost permission, I/O error), as the user's one line."""
-  reason = getattr(error, 'strerror', None)
-  if not reason:  # Orbax's errors carry the OS reason inside their text.
-    found = re.search(r':\s*([^:\[\]]+?)\s*\[os_error_code', str(error))
-    reason = found.group(1) if found else (str(error).strip().splitlines() or [''])[0][:160]
+  reason = getattr(error, 'strerror', None) or _os_reason(str(error))
   return UserError(f'cannot write {path} ({reason}); free space or restore access there, then '
                    'rerun the same command to resume from the newest checkpoint')
 

@@ -1,12 +1,25 @@
 """Shared test fixtures: the real MNIST test set beside the project, and configs that train on it fast."""
 
+import atexit
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
+import tempfile
 
-import ml_collections
+# One persistent compilation cache for this session's processes (the xdist workers and every run
+# they launch), set before JAX is imported: each distinct program compiles once. It is new each
+# session, so a clean clone takes as long as this one. The size limit turns on its file lock.
+if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=tempfile.mkdtemp(prefix='mnist-tests-jax-cache-'),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1',
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(2**30))
+  atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+
+import ml_collections  # pylint: disable=wrong-import-position
 import pytest
 
 from configs import default

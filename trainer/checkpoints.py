@@ -103,14 +103,11 @@ def _from_abandoned_read(unraisable: Any) -> bool:
           or (code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename))
 
 
-def _unretrieved_orbax_task(record: logging.LogRecord) -> bool:
-  """False for asyncio's 'exception was never retrieved' report of an abandoned orbax read or write."""
-  message = record.getMessage()
-  if 'exception was never retrieved' not in message:
-    return True
+def _orbax_task_report(record: logging.LogRecord) -> bool:
+  """False for asyncio's reports of orbax's abandoned tasks and futures (never retrieved, or at shutdown)."""
   # A failed write's future may hold only tensorstore's error, which names orbax's folders.
   frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
-  return not ('.orbax-checkpoint-tmp' in message
+  return not ('orbax' in record.getMessage()
               or any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames))
 
 
@@ -139,8 +136,8 @@ def _mute_orbax_noise() -> None:
   if _orbax_error not in absl_logger.filters:
     absl_logger.addFilter(_orbax_error)
   asyncio_logger = logging.getLogger('asyncio')
-  if _unretrieved_orbax_task not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_unretrieved_orbax_task)
+  if _orbax_task_report not in asyncio_logger.filters:
+    asyncio_logger.addFilter(_orbax_task_report)
 
 
 class Checkpoints(ClosedOnExit):

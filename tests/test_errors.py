@@ -1,0 +1,28 @@
+"""errors.py: a refused write, however the library words it, becomes one line naming the OS's reason."""
+
+import errno
+import os
+
+import pytest
+
+from errors import write_failed
+
+TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
+
+
+@pytest.mark.parametrize('error, reason', [
+    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 'No space left on device'),
+    (ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.Dense_0.bias/0" in OCDBT database: '
+                f'Failed writing: "{TENSORSTORE_PATH}": Failed to write 395387 bytes to file 5: No '
+                "space left on device [os_error_code='28']"), 'No space left on device'),
+    (ValueError(f'PERMISSION_DENIED: Error opening file: "{TENSORSTORE_PATH}": Failed to open: '
+                "Permission denied [os_error_code='13']"), 'Permission denied'),
+    # Another tensorstore release names no OS reason, only the status.
+    (ValueError(f'RESOURCE_EXHAUSTED: Error writing local file "{TENSORSTORE_PATH}"'),
+     'No space left on device, or over quota'),
+    (ValueError('INTERNAL: something new\nand more'), 'INTERNAL: something new'),
+])
+def test_a_refused_write_is_one_line_with_the_path_the_reason_and_the_fix(error, reason):
+  message = str(write_failed('/runs/a', error))
+  assert message == (f'cannot write /runs/a ({reason}); free space or restore access there, then '
+                     'rerun the same command to resume from the newest checkpoint')
