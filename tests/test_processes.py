@@ -85,8 +85,28 @@ def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_
         'error: the processes see different checkpoints (newest epoch 2, 0 for processes 0, 1, ...')
 
 
+def refuse_a_second_job(args: list[str], workdir, first: list[subprocess.Popen]) -> None:
+  """A second two-process job on the running job's directory: both its processes stop at once."""
+  for p in first:  # Paused, so it is sure to be running, however fast.
+    p.send_signal(signal.SIGSTOP)
+  try:
+    second = launch_two_processes(args, lambda i: workdir)
+    outputs = finish(second)
+  finally:
+    for p in first:
+      p.send_signal(signal.SIGCONT)
+  assert [p.returncode for p in second] == [1, 1]
+  assert [err.strip().splitlines() for _, err in outputs] == [
+      [f'error: the run directory {workdir} is in use by a training run (host '
+       f'{socket.gethostname()}, pid {first[0].pid}); wait for it to end or stop it, or pass '
+       'another --workdir'],
+      [f'error: process 0 found the run directory {workdir} in use by another training run; '
+       'wait for it to end or stop it, or pass another --workdir']]
+
+
 @pytest.mark.slow
-def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_path, mnist_dir):
+def test_a_second_job_is_refused_and_sigterm_to_one_process_stops_every_process_together(
+    tmp_path, mnist_dir):
   epochs = 12
   args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': epochs,
                                                        'data__train_split': 'test[:2048]'})]
@@ -97,6 +117,7 @@ def test_sigterm_to_one_process_stops_every_process_at_the_same_checkpoint(tmp_p
   while not (metrics.exists() and metrics.read_text().strip()):
     assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
     time.sleep(0.2)
+  refuse_a_second_job(args, workdir, processes)
   processes[1].send_signal(signal.SIGTERM)  # A preempted host: the only one signalled.
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [143, 143], [err for _, err in outputs]

@@ -30,6 +30,20 @@ def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
         f'host {socket.gethostname()}, pid {os.getpid()}\n')
 
 
+def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
+  votes = []
+
+  def everyone(ok: bool) -> bool:  # The collective, as process 1 sees it when process 0 is refused.
+    votes.append(ok)
+    return False
+
+  with pytest.raises(UserError, match=f'process 0 found the run directory {tmp_path} in use by '
+                                      'another training run'):
+    with RunLock(str(tmp_path), enabled=False, everyone=everyone):
+      pass
+  assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
+
+
 def test_a_lock_whose_holder_was_killed_never_blocks(tmp_path):
   holder = subprocess.Popen([sys.executable, '-c', HOLD, str(tmp_path)], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)

@@ -32,7 +32,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   train = load_split(config.data, config.data.train_split)
   examples = load_split(config.data, config.data.eval_split)
   reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
-  with RunLock(workdir, enabled=processes.is_primary()):  # Before orbax tidies the folder.
+  # Before orbax tidies the folder. Process 0 takes it; a refusal stops every process.
+  with RunLock(workdir, enabled=processes.is_primary(), everyone=processes.everyone):
     processes.check_shared_directory(workdir)
     with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
       return _resume(config, train, examples, mesh, checkpoints, reporter, should_stop)

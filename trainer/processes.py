@@ -64,6 +64,12 @@ def _gather(value: int) -> list[int]:
   return [int(v) for v in np.ravel(multihost_utils.process_allgather(np.int32(value)))]
 
 
+def everyone(ok: bool) -> bool:
+  """Whether `ok` holds on every process (a collective: every process must call it)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return ok if jax.process_count() == 1 else all(_gather(int(ok)))
+
+
 def agree_to_stop(signal_name: str | None) -> str | None:
   """The stop request of any process, seen by all: orbax's save needs every process at one epoch.
 

@@ -93,7 +93,6 @@ class Reporter(ClosedOnExit):
 
   metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch` and rebuilds
   the TensorBoard scalars from the rest in a new events file that purges all older ones.
-  (tensorboardX writes from a background thread, so a killed run can lose its last events.)
   In a multi-process run only process 0 reports (`enabled`): the others compute the same records
   and say nothing, so there is one set of files and one log.
   """
