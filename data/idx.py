@@ -6,7 +6,6 @@ import pathlib
 
 import numpy as np
 
-from data.splits import Split
 from errors import UserError
 
 # The files TFDS registers for MNIST, with their SHA-256 (tensorflow_datasets/url_checksums/mnist.txt).
@@ -44,16 +43,15 @@ def _parse(payload: bytes, magic: int, path: pathlib.Path) -> np.ndarray:
   return np.frombuffer(payload, dtype=np.uint8, offset=4 * (1 + ndim)).reshape(shape)
 
 
-def load_idx(folder: str, split: Split) -> tuple[np.ndarray, np.ndarray]:
-  """Returns (images uint8 [N, 28, 28], labels int32 [N]) for the split's example range."""
+def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
+  """Returns split `name` whole: images uint8 [N, 28, 28], labels int32 [N]."""
   if not folder:
     raise UserError('data.source=idx needs the folder of MNIST .gz files; set --config.data.dir=DIR')
   root = pathlib.Path(folder).expanduser()
   if not root.is_dir():
     raise UserError(f'data folder {root} does not exist; set --config.data.dir to the folder '
                     'that holds the MNIST .gz files')
-  images_name, labels_name = FILES[split.name]
+  images_name, labels_name = FILES[name]
   images = _parse(_read_verified(root / images_name), _IMAGES_MAGIC, root / images_name)
   labels = _parse(_read_verified(root / labels_name), _LABELS_MAGIC, root / labels_name)
-  window = slice(split.start, split.stop)
-  return images[window], labels[window].astype(np.int32)
+  return images, labels.astype(np.int32)

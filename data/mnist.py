@@ -21,15 +21,21 @@ class Examples:
     return int(self.labels.shape[0])
 
 
-def load_split(data_config: ml_collections.ConfigDict, spec: str) -> Examples:
-  """Loads one split (TFDS slice syntax) from the configured source."""
-  split = parse_split(spec)
+def load_splits(data_config: ml_collections.ConfigDict, *specs: str) -> tuple[Examples, ...]:
+  """Each split (TFDS slice syntax) from the configured source; an IDX file is read and checked once."""
+  splits = [parse_split(spec) for spec in specs]
   if data_config.source == 'idx':
-    images, labels = idx.load_idx(data_config.dir, split)
+    whole = {name: idx.load_idx(data_config.dir, name) for name in {s.name for s in splits}}
+    loaded = [tuple(array[s.start:s.stop] for array in whole[s.name]) for s in splits]
   else:
     from data import tfds_source  # pylint: disable=g-import-not-at-top; keeps TensorFlow off the idx path
     # The parsed range, written the way TFDS's own parser accepts it.
-    images, labels = tfds_source.load_tfds(f'{split.name}[{split.start}:{split.stop}]',
-                                           manual_dir=data_config.dir,
-                                           data_dir=data_config.get('tfds_data_dir', ''))
-  return Examples(images=np.ascontiguousarray(images.reshape(len(labels), -1)), labels=labels)
+    loaded = [tfds_source.load_tfds(f'{s.name}[{s.start}:{s.stop}]', manual_dir=data_config.dir,
+                                    data_dir=data_config.get('tfds_data_dir', '')) for s in splits]
+  return tuple(Examples(np.ascontiguousarray(images.reshape(len(labels), -1)), labels)
+               for images, labels in loaded)
+
+
+def load_split(data_config: ml_collections.ConfigDict, spec: str) -> Examples:
+  """One split (TFDS slice syntax) from the configured source."""
+  return load_splits(data_config, spec)[0]

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from mlp import batches
+from data import idx
 from data.idx import load_idx
+from data.mnist import load_splits
 from data.splits import parse_split
 from errors import UserError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, make_config
 
 
 @pytest.mark.parametrize('spec, expected', [
@@ -36,14 +38,23 @@ def test_bad_split_names_the_fix(spec):
 
 
 def test_idx_reads_the_real_test_set(mnist_dir):
-  images, labels = load_idx(str(mnist_dir), parse_split('test'))
+  images, labels = load_idx(str(mnist_dir), 'test')
   assert images.shape == (10_000, 28, 28) and images.dtype == np.uint8
   assert labels.dtype == np.int32
   # The published class counts of the MNIST test set.
   assert np.bincount(labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
-  tail, tail_labels = load_idx(str(mnist_dir), parse_split('test[8000:]'))
-  np.testing.assert_array_equal(tail, images[8000:])
-  np.testing.assert_array_equal(tail_labels, labels[8000:])
+
+
+def test_two_ranges_of_one_idx_split_read_and_check_its_files_once(mnist_dir, monkeypatch):
+  read = []
+  verified = idx._read_verified  # pylint: disable=protected-access
+  monkeypatch.setattr(idx, '_read_verified', lambda path: read.append(path.name) or verified(path))
+  head, tail = load_splits(make_config().data, 'test[:8000]', 'test[8000:]')
+  assert sorted(read) == ['t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz']
+  images, labels = load_idx(str(mnist_dir), 'test')
+  np.testing.assert_array_equal(head.images, images[:8000].reshape(8000, 784))
+  np.testing.assert_array_equal(tail.images, images[8000:].reshape(2000, 784))
+  np.testing.assert_array_equal(np.concatenate([head.labels, tail.labels]), labels)
 
 
 def test_idx_rejects_a_file_that_fails_its_checksum(mnist_dir, tmp_path):
@@ -54,10 +65,10 @@ def test_idx_rejects_a_file_that_fails_its_checksum(mnist_dir, tmp_path):
   payload[100] = (payload[100] + 1) % 10
   labels.write_bytes(gzip.compress(bytes(payload)))
   with pytest.raises(UserError, match='t10k-labels-idx1-ubyte.gz fails its SHA-256 check'):
-    load_idx(str(tmp_path), parse_split('test'))
+    load_idx(str(tmp_path), 'test')
   (tmp_path / 't10k-images-idx3-ubyte.gz').unlink()
   with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is missing'):
-    load_idx(str(tmp_path), parse_split('test'))
+    load_idx(str(tmp_path), 'test')
 
 
 def test_idx_path_does_not_import_tensorflow(mnist_dir):

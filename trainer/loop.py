@@ -8,7 +8,7 @@ import ml_collections
 
 from jax.sharding import Mesh
 
-from data.mnist import Examples, load_split
+from data.mnist import Examples, load_splits
 from errors import UserError
 from mlp import steps
 from trainer import evaluation
@@ -29,8 +29,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   and raises Preempted. A finished run is evaluated and reported again.
   """
   mesh = make_mesh(config)  # Checks the devices against the config before any work.
-  train = load_split(config.data, config.data.train_split)
-  examples = load_split(config.data, config.data.eval_split)
+  train, examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
   reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
   # Before orbax tidies the folder. Process 0 takes it; a refusal stops every process.
   with RunLock(workdir, enabled=processes.is_primary(), everyone=processes.everyone):
