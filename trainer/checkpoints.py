@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 import traceback
@@ -37,6 +38,13 @@ FREE_FIELDS = frozenset({
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32'}
 DAMAGED_PREFIX = 'damaged-epoch-'
+# Files every complete checkpoint holds; one missing is damage.
+REQUIRED_FILES = (os.path.join(META, 'metadata'), os.path.join(STATE, '_METADATA'))
+# Tensorstore's statuses (as orbax passes them on) for bytes that are missing, cut short or wrong.
+_DAMAGE_STATUS = re.compile(r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
+# Orbax's words for a saved tree that differs from the one asked for.
+_STRUCTURE_ERROR = re.compile(
+    r'tree structures do not match|pytree structure|not compatible with the stored shape')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +101,32 @@ def _show(value: Any) -> str:
 def _why(error: Exception) -> str:
   lines = str(error).strip().splitlines() or ['']
   return f'{type(error).__name__}: {lines[0][:160]}'
+
+
+class _Damaged(Exception):
+  """A checkpoint's damage that can be named (its message says what): the checkpoint is set aside."""
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+  """The error and the errors it was raised from, outermost first."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def named_damage(error: BaseException) -> str | None:
+  """What is wrong with a checkpoint's files, when `error` says so; None for any other failure.
+
+  A missing file, metadata that is not JSON, or tensorstore's not-found, data-loss and
+  out-of-range (a file cut short) statuses. An I/O error, memory, anything else: None.
+  """
+  for cause in _causes(error):
+    if (isinstance(cause, (FileNotFoundError, json.JSONDecodeError))
+        or _DAMAGE_STATUS.search(str(cause))):
+      return _why(cause)
+  return None
 
 
 def _from_abandoned_read(unraisable: Any) -> bool:
@@ -192,7 +226,9 @@ class Checkpoints(ClosedOnExit):
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
-    Raises UserError when the checkpoints come from another config, or when every one is damaged.
+    Passes over (and reports) only checkpoints whose damage can be named; raises UserError when the
+    checkpoints come from another config or code, when one cannot be read for another reason (a
+    transient I/O error: nothing is set aside), or when every one is damaged.
     """
     start = time.perf_counter()
     processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
@@ -202,21 +238,9 @@ class Checkpoints(ClosedOnExit):
     damaged = []
     for epoch in reversed(self.epochs()):
       try:
-        meta = self._manager.restore(epoch, args=ocp.args.Composite(
-            **{META: ocp.args.JsonRestore()}))[META]
-        saved_fingerprint, saved_config = meta['fingerprint'], meta['config']
-      except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-        damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
-        continue
-      self._check_config(saved_config, epoch)
-      try:
-        tree = self._manager.restore(epoch, args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardRestore(target)}))[STATE]
-      except Exception as error:  # pylint: disable=broad-except
-        damaged.append((epoch, f'its state cannot be read ({_why(error)})'))
-        continue
-      if fingerprint(jax.device_get(tree)) != saved_fingerprint:
-        damaged.append((epoch, 'its state differs from the fingerprint saved with it'))
+        tree = self._restore_verified(epoch, target)
+      except _Damaged as damage:
+        damaged.append((epoch, str(damage)))
         continue
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
@@ -226,6 +250,49 @@ class Checkpoints(ClosedOnExit):
       raise UserError(f'no checkpoint in {self.directory} can be restored ({reasons}); copy good '
                       'ones back from a backup, or move the numbered folders away to start over')
     return None
+
+  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> dict[str, Any]:
+    """Epoch `epoch`'s saved tree, checked against its config and fingerprint; raises _Damaged."""
+    self._check_files(epoch)
+    meta = self._read(epoch, META, ocp.args.JsonRestore(), 'metadata')
+    if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
+      raise _Damaged('its metadata lacks the fingerprint or the config')
+    self._check_config(meta['config'], epoch)
+    tree = self._read(epoch, STATE, ocp.args.StandardRestore(target), 'state')
+    if fingerprint(jax.device_get(tree)) != meta['fingerprint']:
+      raise _Damaged('its state differs from the fingerprint saved with it')
+    return tree
+
+  def _check_files(self, epoch: int) -> None:
+    """Raises _Damaged when a file every checkpoint has is missing (os.path.exists hides EIO)."""
+    for name in REQUIRED_FILES:
+      try:
+        os.stat(os.path.join(self.directory, str(epoch), name))
+      except FileNotFoundError as error:
+        part = 'metadata' if name.startswith(META) else 'state'
+        raise _Damaged(f'its {part} cannot be read ({name} is missing)') from error
+      except OSError as error:
+        raise self._unreadable(epoch, error) from error
+
+  def _read(self, epoch: int, item: str, args: Any, what: str) -> Any:
+    """One item of a checkpoint; damage that can be named raises _Damaged, anything else UserError."""
+    try:
+      return self._manager.restore(epoch, args=ocp.args.Composite(**{item: args}))[item]
+    except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
+      damage = named_damage(error)
+      if damage:
+        raise _Damaged(f'its {what} cannot be read ({damage})') from error
+      if _STRUCTURE_ERROR.search(str(error)):
+        raise UserError(
+            f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose structure '
+            f'does not fit this code ({_why(error)}); resume it with the code that saved it, or '
+            'pass a new --workdir to start another run') from error
+      raise self._unreadable(epoch, error) from error
+
+  def _unreadable(self, epoch: int, error: BaseException) -> UserError:
+    return UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
+                     f'({_why(error)}); every checkpoint was left in place: rerun the same command '
+                     'once the storage reads again')
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.
