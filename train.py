@@ -85,6 +85,14 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
+def _stop_for_lost_peer(workdir: str) -> None:
+  """Ends a process whose peer is gone at once: JAX's own exit would wait for it, then abort."""
+  from trainer import checkpoints, processes  # pylint: disable=g-import-not-at-top
+  message = processes.lost_peer_message(workdir, checkpoints.newest_saved_epoch(workdir))
+  sys.stdout.flush()
+  fail(message, 1, exit_now=os._exit)
+
+
 def main(argv: list[str]) -> None:
   del argv
   # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
@@ -93,12 +101,14 @@ def main(argv: list[str]) -> None:
   try:
     config_checks.validate(config)
     # Before any computation: jax.distributed.initialize refuses after that.
-    processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                   detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
-                   # From a watchdog thread, where sys.exit would end only the thread.
-                   give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    joined = processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                            detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
+                            # From a watchdog thread, where sys.exit would end only the thread.
+                            give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
     fail(advice(error), 1)
+  if joined:
+    processes.mute_native_stdout()
   from trainer import evaluation, loop, preemption
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
   with preemption.StopRequest() as stop_request:
@@ -115,6 +125,10 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
       fail('interrupted before the next checkpoint; rerun the same command to resume from the '
            'newest one', 130)
+    except Exception as error:  # pylint: disable=broad-except; only a lost process is handled
+      if not processes.lost_a_peer(error):
+        raise
+      _stop_for_lost_peer(workdir)
 
 
 if __name__ == '__main__':
