@@ -135,7 +135,7 @@ def test_a_second_job_is_refused_and_sigterm_to_one_process_stops_every_process_
 
 
 def kill_process_1_once_saved(processes: list[subprocess.Popen], workdir, epoch: int) -> float:
-  """kill -9 of process 1 once epoch `epoch`'s checkpoint is complete; returns when it was killed."""
+  """kill -9 of process 1 once epoch `epoch`'s checkpoint is complete; returns the time of it."""
   deadline = time.monotonic() + 240
   while not (workdir / str(epoch)).is_dir():
     assert time.monotonic() < deadline and all(p.poll() is None for p in processes)

@@ -5,6 +5,7 @@ or missing file makes a restore fail with no fallback. So each checkpoint carrie
 its state, checked after every restore, and the newest checkpoint that restores and verifies wins.
 """
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -68,8 +69,39 @@ def fingerprint(tree: Any) -> str:
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     array = np.ascontiguousarray(leaf)
     digest.update(f'{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape};'.encode())
-    digest.update(array.tobytes())
+    digest.update(array.reshape(-1).view(np.uint8))  # The bytes of tobytes(), without a copy.
   return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Meta:
+  """A checkpoint's JSON fields, less the fingerprint of `host_tree`, added in orbax's commit."""
+  fields: dict[str, Any]
+  host_tree: Any
+
+
+class _MetaHandler(ocp.JsonCheckpointHandler):
+  """Writes a checkpoint's JSON in orbax's background commit, hashing the state there.
+
+  So a save holds training up only for copies to the host, not for a SHA-256 of the whole state.
+  """
+
+  async def _save_fn(self, x, directory):
+    if isinstance(x, _Meta):
+      x = {**x.fields, 'fingerprint': await asyncio.to_thread(fingerprint, x.host_tree)}
+    await super()._save_fn(x, directory)
+
+
+@ocp.args.register_with_handler(_MetaHandler, for_save=True)
+@dataclasses.dataclass
+class _MetaSave(ocp.args.CheckpointArgs):
+  item: _Meta
+
+
+@ocp.args.register_with_handler(_MetaHandler, for_restore=True)
+@dataclasses.dataclass
+class _MetaRestore(ocp.args.JsonRestore):
+  pass
 
 
 def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -118,7 +150,7 @@ def newest_saved_epoch(directory: str) -> int | None:
 
 
 class _Damaged(Exception):
-  """A checkpoint's damage that can be named (its message says what): the checkpoint is set aside."""
+  """Damage to a checkpoint that can be named (the message says what): it is set aside."""
 
 
 def _causes(error: BaseException) -> Iterator[BaseException]:
@@ -214,10 +246,12 @@ class Checkpoints(ClosedOnExit):
     """Starts writing `state` (global arrays) as epoch `epoch`; returns before the disk is done."""
     start = time.perf_counter()
     tree = saved_tree(state, jax.random.key_data(rng))
-    meta = {'epoch': epoch, 'fingerprint': fingerprint(jax.device_get(tree)), 'config': self._config}
+    # A copy of our own: the next epoch takes over the state's device buffers.
+    host_tree = jax.tree.map(np.array, jax.device_get(tree))
+    meta = _Meta({'epoch': epoch, 'config': self._config}, host_tree)
     with self._writing():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
-          **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(meta)}))
+          **{STATE: ocp.args.StandardSave(tree), META: _MetaSave(meta)}))
     self.save_pauses.append(time.perf_counter() - start)
 
   def check(self) -> None:
@@ -268,7 +302,7 @@ class Checkpoints(ClosedOnExit):
   def _restore_verified(self, epoch: int, target: dict[str, Any]) -> dict[str, Any]:
     """Epoch `epoch`'s saved tree, checked against its config and fingerprint; raises _Damaged."""
     self._check_files(epoch)
-    meta = self._read(epoch, META, ocp.args.JsonRestore(), 'metadata')
+    meta = self._read(epoch, META, _MetaRestore(), 'metadata')
     if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
       raise _Damaged('its metadata lacks the fingerprint or the config')
     self._check_config(meta['config'], epoch)
@@ -289,7 +323,7 @@ class Checkpoints(ClosedOnExit):
         raise self._unreadable(epoch, error) from error
 
   def _read(self, epoch: int, item: str, args: Any, what: str) -> Any:
-    """One item of a checkpoint; damage that can be named raises _Damaged, anything else UserError."""
+    """One item of a checkpoint; damage that can be named raises _Damaged, the rest UserError."""
     try:
       return self._manager.restore(epoch, args=ocp.args.Composite(**{item: args}))[item]
     except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly

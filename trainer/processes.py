@@ -47,8 +47,9 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   watchdog.daemon = True
   watchdog.start()
   try:
-    jax.distributed.initialize(**given, initialization_timeout=initialization_timeout + _JAX_GRACE_S,
-                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    jax.distributed.initialize(
+        **given, initialization_timeout=initialization_timeout + _JAX_GRACE_S,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   except (ValueError, TypeError, RuntimeError) as error:
     raise UserError(
         f'could not join the multi-process run ({error}); on each process pass '
@@ -75,7 +76,7 @@ def mute_native_stdout() -> None:
 
 
 def lost_a_peer(error: BaseException) -> bool:
-  """Whether `error`, in a multi-process run, is a collective or barrier failing for a lost process."""
+  """Whether `error` is a multi-process run's collective or barrier failing for a lost process."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return False
@@ -88,8 +89,8 @@ def lost_a_peer(error: BaseException) -> bool:
 
 def lost_peer_message(workdir: str, newest_epoch: int | None) -> str:
   """What every surviving process says: the run stopped, where it resumes, and the same command."""
-  resume = (f'the newest checkpoint is epoch {newest_epoch} in {workdir}; rerun the same command on '
-            'every host to resume from it' if newest_epoch is not None else
+  resume = (f'the newest checkpoint is epoch {newest_epoch} in {workdir}; rerun the same command '
+            'on every host to resume from it' if newest_epoch is not None else
             f'no checkpoint was saved yet in {workdir}; rerun the same command on every host to '
             'start again')
   return (f'a process of the run was lost (it stopped, or its host or network went down); {resume}')
