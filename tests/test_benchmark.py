@@ -74,7 +74,7 @@ def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
   table, figures = tiny_run
   assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
   assert figures['images_per_epoch'] == 640 and figures['batch_size'] == 32
-  assert figures['data'] == 'real MNIST test[:640] (idx files)'
+  assert figures['data'] == 'real MNIST train[:640] (idx files)'
   # Every row of the table prints the JSON's median, min and max images/s, and its epoch time.
   for key, start in ROWS.items():
     row = next(l for l in table if l.startswith(start))
