@@ -16,7 +16,12 @@ if 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   os.environ.update(JAX_COMPILATION_CACHE_DIR=tempfile.mkdtemp(prefix='mnist-tests-jax-cache-'),
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS='0',
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES='-1',
-                    JAX_COMPILATION_CACHE_MAX_SIZE=str(2**30))
+                    JAX_COMPILATION_CACHE_MAX_SIZE=str(2**30),
+                    # On a loaded machine the cache's lock can time out (10 s): the program is then
+                    # compiled instead, and JAX's warning must not count as a line of the run's own.
+                    PYTHONWARNINGS=','.join(
+                        f'ignore:Error {verb} persistent compilation cache entry:UserWarning'
+                        for verb in ('reading', 'writing')))
   atexit.register(shutil.rmtree, os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 import ml_collections  # pylint: disable=wrong-import-position
