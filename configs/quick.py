@@ -14,4 +14,7 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   """configs/default.py, shorter: a first look at the real test accuracy."""
   config = default.get_config(splits)
   config.num_epochs = 3
+  # Batch 256 trains an epoch about 20% faster on a CPU than 128; on the validation split, 3
+  # epochs scored 98.08% at 256 and 98.16% at 128, and 2 epochs at 128 97.87%.
+  config.batch_size = 256
   return config
