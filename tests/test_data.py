@@ -16,7 +16,7 @@ from data.idx import load_idx
 from data.mnist import load_splits
 from data.splits import parse_split
 from errors import UserError
-from configs import default
+from configs import default, quick
 from tests.conftest import ROOT, make_config
 
 
@@ -172,3 +172,18 @@ def test_shift_offsets_depend_on_the_example_not_its_position():
   assert int(together.min()) >= 0 and int(together.max()) <= 4
   later = batches.shift_offsets(key, jnp.int32(2), jnp.arange(100), 2)
   assert not np.array_equal(batches.shift_offsets(key, jnp.int32(1), jnp.arange(100), 2), later)
+
+
+@pytest.mark.parametrize('config_file', ['default', 'quick'])
+def test_validation_after_the_config_file_holds_out_the_last_10000_training_images(config_file):
+  module = {'default': default, 'quick': quick}[config_file]
+  chosen, held_out = (parse_split(s) for s in (module.get_config().data.train_split,
+                                               module.get_config().data.eval_split))
+  assert (chosen.name, chosen.size, held_out.name, held_out.size) == ('train', 60_000, 'test',
+                                                                      10_000)
+  config = module.get_config('validation')
+  train, validation = (parse_split(s) for s in (config.data.train_split, config.data.eval_split))
+  assert (train.name, train.start, train.stop) == ('train', 0, 50_000)
+  assert (validation.name, validation.start, validation.stop) == ('train', 50_000, 60_000)
+  with pytest.raises(ValueError, match='use test or validation'):
+    module.get_config('valid')
