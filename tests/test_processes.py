@@ -148,7 +148,7 @@ def kill_process_1_once_saved(processes: list[subprocess.Popen], workdir, epoch:
 def test_a_lost_process_stops_the_other_in_one_line_and_the_rerun_ends_as_if_never_lost(
     tmp_path, mnist_dir):
   args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': 6,
-                                     'data__train_split': 'test[:2048]'})]
+                                     'data__train_split': 'train[:2048]'})]
   straight, lost = tmp_path / 'straight', tmp_path / 'lost'
   reference = launch_two_processes(args, lambda i: straight)
   processes = launch_two_processes(args, lambda i: lost)
