@@ -40,6 +40,10 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
                     'address of process 0 and a free port, e.g. --coordinator_address=10.0.0.2:8476')
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
 
+  if 'JAX_LOGGING_LEVEL' not in os.environ:
+    # JAX's native logs only when fatal: its coordination service logs a lost peer at length, and
+    # the run says it in one line.
+    jax.config.update('jax_logging_level', 'CRITICAL')
   watchdog = threading.Timer(initialization_timeout, give_up or (lambda _: None), args=(
       f'not every process joined the run within {initialization_timeout}s; start all '
       f'{num_processes or "the"} processes with the same --coordinator_address (process 0\'s '
