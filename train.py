@@ -4,7 +4,9 @@ import functools
 import os
 import re
 import sys
+from collections.abc import Callable
 
+import ml_collections
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -32,6 +34,11 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _INIT_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300, 'Seconds to wait for every process to join before giving up.',
     lower_bound=1)
+_COMPILATION_CACHE = flags.DEFINE_string(
+    'compilation_cache', None, 'Folder of compiled programs that later launches load instead of '
+    'compiling (default: $JAX_COMPILATION_CACHE_DIR if set, else '
+    '$XDG_CACHE_HOME/mnist-mlp/jax-compilation-cache, XDG_CACHE_HOME defaulting to ~/.cache); '
+    'off: compile every program.')
 
 
 def _unknown_field(error: Exception) -> str:
@@ -85,23 +92,32 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
-def main(argv: list[str]) -> None:
-  del argv
+def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
+  """Checks the config, joins the other processes and sets up the compilation cache, before any
+  computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
   # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
-  from trainer import config_checks, processes
-  config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
+  from trainer import compile_cache, config_checks, processes, reporting
   try:
     config_checks.validate(config)
-    # Before any computation: jax.distributed.initialize refuses after that.
     processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                    detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
                    # From a watchdog thread, where sys.exit would end only the thread.
                    give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
     fail(advice(error), 1)
-  from trainer import evaluation, loop, preemption
+  warn = functools.partial(reporting.warn, enabled=processes.is_primary())
+  compile_cache.enable(_COMPILATION_CACHE.value, warn)
+  return warn
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
+  warn = prepare(config)
+  # pylint: disable=g-import-not-at-top
+  from trainer import compile_cache, evaluation, loop, preemption
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
-  with preemption.StopRequest() as stop_request:
+  with preemption.StopRequest() as stop_request, compile_cache.one_warning(warn):
     try:
       if config.eval_only:
         evaluation.evaluate_checkpoint(config, workdir)

@@ -79,6 +79,12 @@ def _make_run_directory(workdir: str) -> None:
                     'written to')
 
 
+def warn(message: str, enabled: bool = True) -> None:
+  """Something the user should know that does not stop the run: one line on stderr."""
+  if enabled:
+    print(f'warning: {message}', file=sys.stderr, flush=True)
+
+
 @contextlib.contextmanager
 def _writing(path: str) -> Iterator[str]:
   """Turns a refused write under `path` into the user's one line."""
@@ -163,9 +169,7 @@ class Reporter(ClosedOnExit):
       print(message, file=self._stream, flush=True)
 
   def warn(self, message: str) -> None:
-    """Something the user should know that does not stop the run: one line on stderr."""
-    if self._enabled:
-      print(f'warning: {message}', file=sys.stderr, flush=True)
+    warn(message, self._enabled)
 
   def recorded(self, epoch: int) -> dict | None:
     """The newest metrics.jsonl record of `epoch`, if this process keeps the files and has one."""
