@@ -4,18 +4,46 @@ import functools
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 
 import ml_collections
 from absl import app
 from absl import flags
 from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from errors import ConfigError, UserError, fail
+
+
+
+class ConfigFileFailed(Exception):
+  """The config file's own code raised: one line naming the exception and the file."""
+
+
+class ConfigFileParser(ConfigFileFlagParser):
+  """ml_collections' loader, with an exception from the file's code kept apart from override typos."""
+
+  def parse(self, path):
+    try:
+      return super().parse(path)
+    except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
+      # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
+      cause = error.__context__ if 'Error whilst parsing' in str(error) else error
+      file = os.path.abspath(path.split(':', 1)[0])
+      lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
+               if os.path.abspath(f.filename) == file]
+      where = f'{file}, line {lines[-1]}' if lines else file
+      text = ' '.join(str(cause).split())
+      raise ConfigFileFailed(f'the config file raised {type(cause).__name__}'
+                             f'{": " + text if text else ""} ({where}); fix it, or pass '
+                             '--config=configs/default.py') from None
+
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
     lock_config=True)
+flags.FLAGS['config'].parser = ConfigFileParser('config', lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
     '(default: checkpoints/<config file name>).')
@@ -64,6 +92,8 @@ def parse_flags(argv: list[str]) -> list[str]:
       config.keys()  # A config file that failed to load raises on first use: make that use here.
   except flags.Error as error:
     fail(f'{error}; run python train.py --helpshort for the flags', 2)
+  except ConfigFileFailed as error:
+    fail(str(error), 2)
   except (AttributeError, KeyError) as error:
     fail(_unknown_field(error), 2)
   except OSError as error:

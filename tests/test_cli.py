@@ -69,6 +69,9 @@ BAD_CONFIGS = {
                                     'warmup_epochs must be a finite number >= 0, got nan'),
     'negative epochs': (dict(num_epochs=-1), 'num_epochs must be a positive integer, got -1'),
     'negative profile epoch': (dict(profile_epoch=-2), 'profile_epoch must be an integer >= 0'),
+    'profile epoch past the last': (dict(profile_epoch=5, num_epochs=1), 'profile_epoch must be an '
+                                    'epoch of the run (1 to num_epochs=1), or 0 for no trace, got 5; '
+                                    'pass --config.profile_epoch=1'),
     'batch larger than the split': (dict(batch_size=8001), "batch_size must be at most the "
                                     "training split 'test[:8000]' has (8000 examples), got 8001; "
                                     'pass --config.batch_size=8000'),
@@ -82,6 +85,24 @@ def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
     config_checks.validate(make_config(**overrides))
   line = train.advice(error.value)
   assert expected in line and '\n' not in line
+
+
+def test_a_config_file_that_raises_is_one_line_naming_the_exception_and_the_file(tmp_path):
+  """Never mistaken for an override's typo ("the config has no field 'lr'")."""
+  config_file = tmp_path / 'broken.py'
+  config_file.write_text('def get_config():\n  return {}["lr"]\n')
+  assert_fails_cleanly([f'--config={config_file}'], f"error: the config file raised KeyError: 'lr' "
+                       f'({config_file}, line 2); fix it, or pass --config=configs/default.py',
+                       tmp_path / 'run')
+
+
+def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_path):
+  config_file = tmp_path / 'broken.py'
+  config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
+  with pytest.raises(train.ConfigFileFailed) as error:
+    train.ConfigFileParser('config').parse(str(config_file))
+  assert str(error.value) == (f'the config file raised ValueError: math domain error ({config_file}, '
+                              'line 4); fix it, or pass --config=configs/default.py')
 
 
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):
