@@ -2,13 +2,16 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import jax
 import pytest
 
 import train
 from errors import UserError
-from tests.conftest import ROOT, assert_fails_cleanly, make_config, override_flags, run_train
+from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
+                            run_train)
 from trainer import config_checks
 from trainer import loop
 
@@ -103,6 +106,20 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
     train.ConfigFileParser('config').parse(str(config_file))
   assert str(error.value) == (f'the config file raised ValueError: math domain error ({config_file}, '
                               'line 4); fix it, or pass --config=configs/default.py')
+
+
+def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp_path, mnist_dir):
+  """`python train.py ... | head -1`: the rest of the log goes nowhere; the run saves its checkpoint."""
+  stderr_path = tmp_path / 'stderr.txt'
+  with open(stderr_path, 'w', encoding='utf-8') as stderr, subprocess.Popen(
+      [sys.executable, 'train.py', CONFIG, *override_flags(num_epochs=2), f'--workdir={tmp_path}'],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True) as process:
+    assert process.stdout.readline().startswith('training on ')
+    process.stdout.close()  # Before the epochs' lines.
+    assert process.wait(timeout=300) == 0
+  assert stderr_path.read_text() == ''
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
+  assert (tmp_path / '2').is_dir()  # The last epoch's checkpoint.
 
 
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):

@@ -10,7 +10,7 @@ from jax.sharding import Mesh
 
 from data.mnist import Examples, load_splits
 from errors import UserError
-from mlp import steps
+from mlp import optim, steps
 from trainer import evaluation
 from trainer import processes
 from trainer.checkpoints import Checkpoints, Restored
@@ -64,9 +64,13 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
            should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
   state, record = run.state, {}
+  steps_per_epoch = len(run.train_data[1]) // config.batch_size
+  schedule = optim.learning_rate_schedule(config, steps_per_epoch)
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
     with reporter.traced(epoch, wanted=epoch == config.profile_epoch):
       state, record = _run_epoch(run, state, epoch, config.batch_size)
+    # The rate of the epoch's last update, whose optimizer count was the number of updates before.
+    record['learning_rate'] = float(schedule(epoch * steps_per_epoch - 1))
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
