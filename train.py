@@ -3,6 +3,7 @@
 import functools
 import os
 import re
+import shlex
 import sys
 import traceback
 from collections.abc import Callable
@@ -62,11 +63,29 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _INIT_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300, 'Seconds to wait for every process to join before giving up.',
     lower_bound=1)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    'print_config', False, 'Print every field of the config, with the overrides applied, as the '
+    'flags that set them, then exit without training.')
 _COMPILATION_CACHE = flags.DEFINE_string(
     'compilation_cache', None, 'Folder of compiled programs that later launches load instead of '
     'compiling (default: $JAX_COMPILATION_CACHE_DIR if set, else '
     '$XDG_CACHE_HOME/mnist-mlp/jax-compilation-cache, XDG_CACHE_HOME defaulting to ~/.cache); '
     'off: compile every program.')
+
+
+HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
+
+
+def config_flag_lines(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+  """Each field of the config as the flag that sets it to its value, for --print_config."""
+  lines = []
+  for name, value in sorted(config.items()):
+    if isinstance(value, ml_collections.ConfigDict):
+      lines += config_flag_lines(value, f'{prefix}{name}.')
+    else:
+      lines.append(f'--config.{prefix}{name}='
+                   f'{shlex.quote(value if isinstance(value, str) else repr(value))}')
+  return lines
 
 
 def _unknown_field(error: Exception) -> str:
@@ -82,7 +101,10 @@ def _unknown_field(error: Exception) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
-    rest = flags.FLAGS(argv)
+    try:
+      rest = flags.FLAGS(argv)
+    except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
+      sys.exit(0 if set(argv) & HELP_FLAGS else done.code)
     if flags.FLAGS['verbosity'].using_default_value:
       # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
       # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
@@ -143,6 +165,9 @@ def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
 def main(argv: list[str]) -> None:
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
+  if _PRINT_CONFIG.value:
+    print('\n'.join(config_flag_lines(config)), flush=True)
+    return
   warn = prepare(config)
   # pylint: disable=g-import-not-at-top
   from trainer import compile_cache, evaluation, loop, preemption

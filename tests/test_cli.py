@@ -12,7 +12,7 @@ import train
 from errors import UserError
 from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
                             run_train)
-from trainer import config_checks
+from trainer import checkpoints, config_checks
 from trainer import loop
 
 CONFIG = '--config=configs/default.py'
@@ -120,6 +120,17 @@ def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp
   assert stderr_path.read_text() == ''
   assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
   assert (tmp_path / '2').is_dir()  # The last epoch's checkpoint.
+
+
+def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides():
+  assert run_train('--helpshort').returncode == 0
+  out = run_train(CONFIG, '--config.model.hidden_sizes=(64,)', '--config.data.dir=a b',
+                  '--print_config')
+  assert out.returncode == 0 and out.stderr == ''
+  lines = out.stdout.splitlines()
+  assert len(lines) == len(checkpoints.flat_config(make_config()))
+  assert "--config.model.hidden_sizes='(64,)'" in lines and "--config.data.dir='a b'" in lines
+  assert '--config.learning_rate=0.002' in lines and "--config.data.tfds_data_dir=''" in lines
 
 
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):
