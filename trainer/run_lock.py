@@ -52,5 +52,6 @@ class RunLock:
 
   def __exit__(self, *exc_info) -> None:
     if self._file is not None:
+      self._file.truncate(0)  # While still held: no ended run is named as if it were running.
       self._file.close()  # Closing releases the flock.
       self._file = None
