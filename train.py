@@ -137,6 +137,11 @@ def default_workdir() -> str:
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'checkpoints', name)
 
 
+def this_command() -> str:
+  """The command line that started this process, as a shell would take it back."""
+  return shlex.join([sys.executable, *sys.argv])
+
+
 def advice(error: UserError) -> str:
   """The error's one line, with a config field's fix in flag syntax."""
   if isinstance(error, ConfigError):
@@ -181,11 +186,11 @@ def main(argv: list[str]) -> None:
     except UserError as error:
       fail(advice(error), 1)
     except preemption.Preempted as stopped:
-      print(stopped, file=sys.stderr, flush=True)
+      print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
       sys.exit(stopped.exit_status)
     except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
-      fail('interrupted before the next checkpoint; rerun the same command to resume from the '
-           'newest one', 130)
+      fail('interrupted before the next checkpoint; resume from the newest one with: '
+           f'{this_command()}', 130)
 
 
 if __name__ == '__main__':

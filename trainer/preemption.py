@@ -10,11 +10,11 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(Exception):
-  """Raised once a signal-stopped run's checkpoint is on disk; says how to resume."""
+  """Raised once a signal-stopped run's checkpoint is on disk; train.py adds the command to resume."""
 
   def __init__(self, signal_name: str, epoch: int, directory: str):
     super().__init__(f'stopped by {signal_name} after epoch {epoch}, whose checkpoint is saved in '
-                     f'{directory}; rerun the same command to resume')
+                     f'{directory}')
     self.exit_status = 128 + signal.Signals[signal_name].value  # The shell's status for the signal.
 
 
