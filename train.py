@@ -23,7 +23,7 @@ class ConfigFileFailed(Exception):
 
 
 class ConfigFileParser(ConfigFileFlagParser):
-  """ml_collections' loader, with an exception from the file's code kept apart from override typos."""
+  """ml_collections' loader, keeping an exception of the file's code apart from override typos."""
 
   def parse(self, path):
     try:

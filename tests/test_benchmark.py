@@ -109,7 +109,7 @@ def test_startup_is_two_real_train_py_launches_without_tensorflow(tiny_run):
   assert 0 < figures['startup_compile_seconds'] < figures['startup_seconds']
   assert figures['modules_imported_at_startup'] > 100  # jax, flax, optax...: the list was read.
   assert figures['tensorflow_imported_at_startup'] is False
-  # Relaunched on the programs the first launch cached: the same numbers (timings prove nothing here).
+  # Relaunched on the programs the first launch cached: the same numbers (timings prove nothing).
   assert figures['startup_cache_entries'] >= 3 and figures['startup_same_numbers_cached'] is True
   assert figures['startup_cached_over_first'] == pytest.approx(
       figures['startup_seconds_cached'] / figures['startup_seconds'])

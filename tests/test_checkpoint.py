@@ -419,14 +419,15 @@ def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tin
 
 @pytest.mark.slow
 def test_a_disk_full_before_any_checkpoint_promises_none_and_leaves_no_partial_save(tiny_disk):
-  workdir = tiny_disk / 'run'  # 2 MB: epoch 1's metrics fit, its checkpoint (the 512-512 MLP's) not.
+  workdir = tiny_disk / 'run'  # 2 MB: epoch 1's metrics fit, the 512-512 MLP's checkpoint not.
   out = run_train(CONFIG, f'--workdir={workdir}', *override_flags(
       num_epochs=1, data__train_split='test[:2000]'))
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() in ([
       f'error: cannot write {workdir} ({reason}); free space or restore access there, then rerun '
       'the same command to start again: no checkpoint was saved']
-      for reason in ('No space left on device', 'No space left on device, or over quota')), out.stderr
+      for reason in ('No space left on device', 'No space left on device, or over quota')), (
+          out.stderr)
   assert [r['epoch'] for r in read_metrics(workdir)] == [1]
   assert sorted(p.name for p in workdir.iterdir() if p.is_dir()) == []
 

@@ -72,9 +72,9 @@ BAD_CONFIGS = {
                                     'warmup_epochs must be a finite number >= 0, got nan'),
     'negative epochs': (dict(num_epochs=-1), 'num_epochs must be a positive integer, got -1'),
     'negative profile epoch': (dict(profile_epoch=-2), 'profile_epoch must be an integer >= 0'),
-    'profile epoch past the last': (dict(profile_epoch=5, num_epochs=1), 'profile_epoch must be an '
-                                    'epoch of the run (1 to num_epochs=1), or 0 for no trace, got 5; '
-                                    'pass --config.profile_epoch=1'),
+    'profile epoch past the last': (
+        dict(profile_epoch=5, num_epochs=1), 'profile_epoch must be an epoch of the run (1 to '
+        'num_epochs=1), or 0 for no trace, got 5; pass --config.profile_epoch=1'),
     'batch larger than the split': (dict(batch_size=8001), "batch_size must be at most the "
                                     "training split 'test[:8000]' has (8000 examples), got 8001; "
                                     'pass --config.batch_size=8000'),
@@ -104,12 +104,13 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
   config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
   with pytest.raises(train.ConfigFileFailed) as error:
     train.ConfigFileParser('config').parse(str(config_file))
-  assert str(error.value) == (f'the config file raised ValueError: math domain error ({config_file}, '
-                              'line 4); fix it, or pass --config=configs/default.py')
+  assert str(error.value) == (
+      f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
+      'pass --config=configs/default.py')
 
 
 def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp_path, mnist_dir):
-  """`python train.py ... | head -1`: the rest of the log goes nowhere; the run saves its checkpoint."""
+  """`python train.py ... | head -1`: the rest of the log goes nowhere; the run saves its work."""
   stderr_path = tmp_path / 'stderr.txt'
   with open(stderr_path, 'w', encoding='utf-8') as stderr, subprocess.Popen(
       [sys.executable, 'train.py', CONFIG, *override_flags(num_epochs=2), f'--workdir={tmp_path}'],

@@ -32,4 +32,4 @@ def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
   error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   assert str(write_failed('/r', error, saved=False)).endswith(
       'then rerun the same command to start again: no checkpoint was saved')
-  assert str(write_failed('/r', error)).endswith('restore access there, then rerun the same command')
+  assert str(write_failed('/r', error)).endswith('there, then rerun the same command')

@@ -20,7 +20,7 @@ SMALL = dict(num_epochs=2, data__train_split='test[:2000]', data__eval_split='te
 
 
 def read_events(path) -> list[Event]:
-  """A TensorBoard events file's records (TFRecord framing: length, its CRC, data, the data's CRC)."""
+  """A TensorBoard events file's records (TFRecords: length, its CRC, data, the data's CRC)."""
   data, events, at = path.read_bytes(), [], 0
   while at < len(data):
     (size,) = struct.unpack('<Q', data[at:at + 8])
@@ -49,8 +49,8 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
            if v.tag == 'train/learning_rate'}
   assert rates == pytest.approx({1: records[0]['learning_rate'], 2: records[1]['learning_rate']})
   out = capsys.readouterr().out
-  assert out.startswith('training on 2,000 images (test[:2000]), evaluating on 2,000 (test[8000:]); '
-                        '15 steps of 128 per epoch in float32, jit on 1 ')
+  assert out.startswith('training on 2,000 images (test[:2000]), evaluating on 2,000 '
+                        '(test[8000:]); 15 steps of 128 per epoch in float32, jit on 1 ')
   lines = [l for l in out.splitlines() if l.startswith('epoch ')]
   assert len(lines) == 2 and 'ETA' in lines[0]
   assert f'{100 * record["eval_accuracy"]:6.2f}%' in lines[1]

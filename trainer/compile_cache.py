@@ -26,7 +26,7 @@ _JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation
 
 
 def default_folder(environ: Mapping[str, str]) -> str:
-  """$XDG_CACHE_HOME/mnist-mlp/..., else ~/.cache/mnist-mlp/...: one folder for every run directory."""
+  """$XDG_CACHE_HOME/mnist-mlp/..., else ~/.cache/mnist-mlp/...: one folder for all run dirs."""
   home = environ.get('HOME') or os.path.expanduser('~')
   base = environ.get('XDG_CACHE_HOME') or os.path.join(home, '.cache')
   return os.path.join(base, FOLDER)

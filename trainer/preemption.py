@@ -10,7 +10,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(Exception):
-  """Raised once a signal-stopped run's checkpoint is on disk; train.py adds the command to resume."""
+  """Raised once a signal-stopped run's checkpoint is on disk; train.py adds how to resume."""
 
   def __init__(self, signal_name: str, epoch: int, directory: str):
     super().__init__(f'stopped by {signal_name} after epoch {epoch}, whose checkpoint is saved in '
