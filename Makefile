@@ -4,12 +4,16 @@ PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
 
-.PHONY: train test test-fast clean-env
+.PHONY: train test test-fast lint clean-env
 
 $(VENV)/installed: requirements.txt
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/installed-dev: $(VENV)/installed requirements-dev.txt
+	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
 train: $(VENV)/installed
@@ -21,6 +25,11 @@ test: $(VENV)/installed
 
 test-fast: $(VENV)/installed
 	$(PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
+
+# ruff (pyflakes, pycodestyle) over the repository and mypy over the code; settings in pyproject.toml.
+lint: $(VENV)/installed-dev
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
 
 clean-env:
 	rm -rf $(VENV)
