@@ -91,8 +91,8 @@ def config_flag_lines(config: ml_collections.ConfigDict, prefix: str = '') -> li
 def _unknown_field(error: Exception) -> str:
   """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
   text = str(error.args[0]) if error.args else str(error)
-  name = re.search(r"'([\w.]+)", text)
-  name = name.group(1) if name else text.split()[0]
+  found = re.search(r"'([\w.]+)", text)
+  name = found.group(1) if found else text.split()[0]
   suggestion = re.search(r'Did you mean "([^"]+)"', text)
   hint = f'did you mean {suggestion.group(1)!r}?' if suggestion else 'check the name in the config file'
   return f'the config has no field {name!r}; {hint}'
@@ -108,7 +108,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     if flags.FLAGS['verbosity'].using_default_value:
       # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
       # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
-      flags.FLAGS.verbosity = -1
+      flags.FLAGS.verbosity = -1  # type: ignore[assignment]
     config = _CONFIG.value
     if config is not None:
       config.keys()  # A config file that failed to load raises on first use: make that use here.

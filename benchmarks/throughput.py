@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -94,7 +96,7 @@ class LoopRun:
     return seconds, steps.summarize(sums)
 
   @property
-  def params(self) -> dict:
+  def params(self) -> Mapping[str, Any]:
     """The parameters after the epochs run so far, to compare with the trainer's."""
     return self._state.params
 
@@ -163,7 +165,7 @@ def _launch(command: list[str], workdir: str) -> dict:
     start = time.perf_counter()
     with subprocess.Popen([*command, f'--workdir={workdir}'], cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=stderr, text=True) as process:
-      for line in process.stdout:
+      for line in process.stdout or ():
         compiled = compiled or re.search(r'compiled in ([\d.]+)s', line)
         if seconds is None and line.startswith('epoch 1/1'):
           seconds = time.perf_counter() - start
@@ -374,14 +376,15 @@ def mode_runs(config: ml_collections.ConfigDict, examples: Examples,
 def time_modes(runs: dict[str, workload.TrainerRun], repeats: int) -> dict:
   """Each mode's epoch milliseconds and images/s, the modes taking turns each repetition so load
   from other processes hits all alike."""
-  milliseconds = {mode: [] for mode in runs}
+  milliseconds: dict[str, list[float]] = {mode: [] for mode in runs}
   for epoch in range(2, repeats + 2):
     for mode, trainer in runs.items():
       milliseconds[mode].append(1e3 * trainer.epoch(epoch)[0])
-  modes = {mode: {'placement': trainer.placement, 'epoch_ms': spread(milliseconds[mode]),
-                  'images_per_second': 1e3 * trainer.images_per_epoch /
-                                       statistics.median(milliseconds[mode])}
-           for mode, trainer in runs.items()}
+  modes: dict[str, dict[str, Any]] = {
+      mode: {'placement': trainer.placement, 'epoch_ms': spread(milliseconds[mode]),
+             'images_per_second': 1e3 * trainer.images_per_epoch /
+                                  statistics.median(milliseconds[mode])}
+      for mode, trainer in runs.items()}
   ratio = (modes['mesh']['epoch_ms']['median'] / modes['pmap']['epoch_ms']['median']
            if {'mesh', 'pmap'} <= set(modes) else None)
   return {'modes': modes, 'mesh_over_pmap': ratio, 'devices': jax.device_count(),
@@ -417,7 +420,7 @@ def main(argv: list[str]) -> None:
     load_before = os.getloadavg()[0]
     startup = (measure_startup(config.batch_size, workload.check_data_dir(WITHOUT_DATA))
                if _STARTUP.value or _ONLY_STARTUP.value else None)
-    if _ONLY_STARTUP.value:
+    if _ONLY_STARTUP.value and startup:
       print(_startup_line(startup), json.dumps(startup), sep='\n\n', flush=True)
       return
     examples, description = workload.load_images(WITHOUT_DATA)

@@ -133,7 +133,7 @@ def _mute_orbax_noise() -> None:
       if not _from_abandoned_read(unraisable):
         previous(unraisable)
 
-    hook.mutes_orbax = True
+    hook.mutes_orbax = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
   absl_logger = logging.getLogger('absl')  # Orbax logs each failed write, with its traceback.
   if _orbax_error not in absl_logger.filters:
@@ -208,8 +208,8 @@ class Checkpoints(ClosedOnExit):
     start = time.perf_counter()
     processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
     key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
-    target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype,
-                                                       sharding=template.step.sharding))
+    sharding = template.step.sharding  # type: ignore[union-attr]  # A ShapeDtypeStruct here.
+    target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding))
     damaged = []
     for epoch in reversed(self.epochs()):
       try:

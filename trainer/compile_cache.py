@@ -78,7 +78,7 @@ def enable(flag: str | None, warn: Callable[[str], None],
 @contextlib.contextmanager
 def one_warning(warn: Callable[[str], None]) -> Iterator[None]:
   """JAX's warnings about cache entries it could not read or write, as one line at most."""
-  said = []
+  said: list[bool] = []
   with warnings.catch_warnings():
     show = warnings.showwarning
 
@@ -86,7 +86,7 @@ def one_warning(warn: Callable[[str], None]) -> Iterator[None]:
       if not _JAX_CACHE_TROUBLE.match(str(message)):
         show(message, category, *args, **kwargs)
       elif not said:
-        said.append(message)
+        said.append(True)
         reason = str(message).split(': ', 1)[-1].splitlines()[0][:160]
         warn(f'the compilation cache failed ({reason}); the run goes on, compiling what it cannot '
              'load (pass --compilation_cache=off to stop using it)')

@@ -48,7 +48,7 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
     _report_resume(restored, checkpoints, reporter)
   start_epoch = restored.epoch if restored else 0
   reporter.start(start_epoch)
-  if start_epoch >= config.num_epochs:
+  if restored and start_epoch >= config.num_epochs:  # num_epochs >= 1: restored.
     return evaluation.report_finished(config, mesh, restored, examples, reporter)
   compile_start = time.perf_counter()
   run = set_up_run(config, mesh, train, examples, restored.state if restored else None)
@@ -63,7 +63,8 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
            reporter: Reporter, start_epoch: int,
            should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
-  state, record = run.state, {}
+  state, record = run.state, dict[str, float]()
+  assert run.train_data is not None, 'set up to train'
   steps_per_epoch = len(run.train_data[1]) // config.batch_size
   schedule = optim.learning_rate_schedule(config, steps_per_epoch)
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
@@ -93,7 +94,7 @@ def _run_epoch(run: RunSetup, state: steps.TrainState, epoch: int,
   state, train_metrics = run.train_epoch(state, epoch)
   train_seconds = time.perf_counter() - start
   eval_metrics = run.evaluate(state)
-  images = len(run.train_data[1]) // batch_size * batch_size
+  images = len(run.train_data[1]) // batch_size * batch_size  # type: ignore[index]
   return state, {
       'epoch': epoch,
       'train_loss': train_metrics['loss'],

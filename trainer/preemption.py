@@ -5,6 +5,7 @@ Preemptible machines (TPU VMs, spot instances) get a SIGTERM shortly before they
 
 import signal
 import types
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -24,9 +25,9 @@ class StopRequest:
   A second Ctrl-C interrupts at once, as usual.
   """
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.signal_name: str | None = None
-    self._previous: dict[int, object] = {}
+    self._previous: dict[int, Any] = {}
 
   def __enter__(self) -> 'StopRequest':
     for signum in STOP_SIGNALS:

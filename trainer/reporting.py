@@ -123,7 +123,7 @@ class Reporter(ClosedOnExit):
     self._stream = stream or sys.stdout
     self._enabled = enabled
     self._seconds: list[float] = []
-    self._writer = None
+    self._writer: EventsWriter | None = None
     if enabled:
       _make_run_directory(workdir)
 
@@ -159,6 +159,7 @@ class Reporter(ClosedOnExit):
     say(format_line(record, self._num_epochs, eta), self._stream)
 
   def _add_scalars(self, record: dict[str, float]) -> None:
+    assert self._writer is not None, 'written after start()'
     for name, value in record.items():
       if name != 'epoch':
         self._writer.write_event(Event(wall_time=time.time(), step=int(record['epoch']),
