@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
 
-.PHONY: train test test-fast lint clean-env
+.PHONY: train test test-fast test-numbers-other-cpu lint clean-env
 
 $(VENV)/installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -25,6 +25,10 @@ test: $(VENV)/installed
 
 test-fast: $(VENV)/installed
 	$(PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
+
+# The numeric-contract tests as XLA compiles them for an older x86 instruction set (other float bits).
+test-numbers-other-cpu: $(VENV)/installed
+	XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=SSE4_2" $(PYTHON) -m pytest -q -n auto --dist=loadfile -m numeric
 
 # ruff (pyflakes, pycodestyle) over the repository and mypy over the code; settings in pyproject.toml.
 lint: $(VENV)/installed-dev

@@ -16,7 +16,7 @@ from trainer import loop
 from tests.conftest import make_config, read_metrics
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
-SMALL = dict(num_epochs=2, data__train_split='test[:2000]', data__eval_split='test[8000:]')
+SMALL = dict(num_epochs=2, data__train_split='train[:2000]', data__eval_split='test[8000:]')
 
 
 def read_events(path) -> list[Event]:
@@ -49,7 +49,7 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
            if v.tag == 'train/learning_rate'}
   assert rates == pytest.approx({1: records[0]['learning_rate'], 2: records[1]['learning_rate']})
   out = capsys.readouterr().out
-  assert out.startswith('training on 2,000 images (test[:2000]), evaluating on 2,000 '
+  assert out.startswith('training on 2,000 images (train[:2000]), evaluating on 2,000 '
                         '(test[8000:]); 15 steps of 128 per epoch in float32, jit on 1 ')
   lines = [l for l in out.splitlines() if l.startswith('epoch ')]
   assert len(lines) == 2 and 'ETA' in lines[0]
