@@ -17,7 +17,6 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 from errors import ConfigError, UserError, fail
 
 
-
 class ConfigFileFailed(Exception):
   """The config file's own code raised: one line naming the exception and the file."""
 
