@@ -170,7 +170,8 @@ def main(argv: list[str]) -> None:
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
   if _PRINT_CONFIG.value:
-    print('\n'.join(config_flag_lines(config)), flush=True)
+    from trainer import reporting  # pylint: disable=g-import-not-at-top
+    reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
     return
   warn = prepare(config)
   # pylint: disable=g-import-not-at-top

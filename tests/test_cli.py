@@ -45,6 +45,8 @@ BAD_INPUTS = {
     'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
     'no config flag': ([], 'no config given'),
     'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
+    'unknown splits after the config file': (['--config=configs/default.py:nope'],
+                                             "unknown splits 'nope'"),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)],
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
     'missing data folder': ([CONFIG, *override_flags(data__dir='/nonexistent/mnist')],
