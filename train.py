@@ -148,6 +148,14 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
+def _stop_for_lost_peer(workdir: str) -> None:
+  """Ends a process whose peer is gone at once: JAX's own exit would wait for it, then abort."""
+  from trainer import checkpoints, processes  # pylint: disable=g-import-not-at-top
+  message = processes.lost_peer_message(workdir, checkpoints.newest_saved_epoch(workdir))
+  sys.stdout.flush()
+  fail(message, 1, exit_now=os._exit)
+
+
 def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
   """Checks the config, joins the other processes and sets up the compilation cache, before any
   computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
@@ -155,12 +163,14 @@ def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
   from trainer import compile_cache, config_checks, processes, reporting
   try:
     config_checks.validate(config)
-    processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                   detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
-                   # From a watchdog thread, where sys.exit would end only the thread.
-                   give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    joined = processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                            detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
+                            # From a watchdog thread, where sys.exit would end only the thread.
+                            give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
     fail(advice(error), 1)
+  if joined:
+    processes.mute_native_stdout()
   warn = functools.partial(reporting.warn, enabled=processes.is_primary())
   compile_cache.enable(_COMPILATION_CACHE.value, warn)
   return warn
@@ -175,7 +185,7 @@ def main(argv: list[str]) -> None:
     return
   warn = prepare(config)
   # pylint: disable=g-import-not-at-top
-  from trainer import compile_cache, evaluation, loop, preemption
+  from trainer import compile_cache, evaluation, loop, preemption, processes
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
   with preemption.StopRequest() as stop_request, compile_cache.one_warning(warn):
     try:
@@ -191,6 +201,10 @@ def main(argv: list[str]) -> None:
     except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
       fail('interrupted before the next checkpoint; resume from the newest one with: '
            f'{this_command()}', 130)
+    except Exception as error:  # pylint: disable=broad-except; only a lost process is handled
+      if not processes.lost_a_peer(error):
+        raise
+      _stop_for_lost_peer(workdir)
 
 
 if __name__ == '__main__':

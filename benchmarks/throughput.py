@@ -89,7 +89,7 @@ class LoopRun:
     step_metrics = []
     for indices in np.asarray(plan):
       batch = {'image': self._images[indices], 'label': self._labels[indices]}
-      self._state, metrics = self._step(self._state, batch, dropout_key)
+      self._state, metrics = self._step(self._state, batch, indices, dropout_key)
       step_metrics.append(metrics)
     sums = jax.tree.map(lambda *xs: np.sum(xs), *jax.device_get(step_metrics))
     seconds = time.perf_counter() - start

@@ -30,12 +30,20 @@ def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, *, batc
   return batches.shard_steps(order, batch_size, num_shards, shard), dropout_key
 
 
-def train_batch(state: steps.TrainState, batch: steps.Batch, dropout_key: jax.Array,
-                shard: jax.Array | int = 0,
+def dropout_keys(dropout_key: jax.Array, step: jax.Array, indices: jax.Array) -> jax.Array:
+  """One dropout key per example, a function of (seed, step, example) only, like the pixel shifts.
+
+  Keyed by the example, not the device, so any number of devices and processes draws the same masks.
+  """
+  step_key = jax.random.fold_in(dropout_key, step)
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, indices)
+
+
+def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
+                dropout_key: jax.Array,
                 axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
-  """One step whose dropout depends on (key, global step, shard) only, so replays agree exactly."""
-  rng = jax.random.fold_in(jax.random.fold_in(dropout_key, state.step), shard)
-  return steps.train_step(state, batch, rng, axis_name)
+  """One step on the examples `indices` names, whose masks follow (key, global step, example)."""
+  return steps.train_step(state, batch, dropout_keys(dropout_key, state.step, indices), axis_name)
 
 
 def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
@@ -54,7 +62,7 @@ def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, s
   def body(state, indices):
     offsets = batches.shift_offsets(shift_key, epoch, indices, max_shift) if max_shift else None
     batch = batches.gather(images, labels, indices, offsets, max_shift)
-    return train_batch(state, batch, dropout_key, shard, axis_name)
+    return train_batch(state, batch, indices, dropout_key, axis_name)
 
   state, sums = jax.lax.scan(body, state, step_indices)
   return state, _total(sums, axis_name)

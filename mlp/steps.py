@@ -45,12 +45,18 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None =
           'count': jnp.sum(mask, dtype=jnp.int32)}
 
 
-def train_step(state: TrainState, batch: Batch, rng: jax.Array,
+def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
                axis_name: str | None = None) -> tuple[TrainState, Metrics]:
-  """One optimizer update on the batch's mean loss; gradients are averaged over `axis_name`."""
+  """One optimizer update on the batch's mean loss; gradients are averaged over `axis_name`.
+
+  `dropout_keys` holds one key per example: an example's masks do not depend on its batch or device.
+  """
 
   def loss_fn(params):
-    logits = state.apply_fn({'params': params}, batch['image'], train=True, rngs={'dropout': rng})
+    # Mapped over examples so each draws from its own key; the matmuls stay whole-batch products.
+    apply = lambda image, key: state.apply_fn({'params': params}, image[None], train=True,
+                                              rngs={'dropout': key})[0]
+    logits = jax.vmap(apply)(batch['image'], dropout_keys)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
     return jnp.mean(losses), logits
 

@@ -116,7 +116,8 @@ def test_startup_is_two_real_train_py_launches_without_tensorflow(tiny_run):
 def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
   state = steps.create_train_state(make_config(), jax.random.key(0), steps_per_epoch=1)
   batch = {'image': jnp.zeros((8, 784)), 'label': jnp.zeros((8,), jnp.int32)}
-  jaxpr = jax.make_jaxpr(steps.train_step)(state, batch, jax.random.key(1)).jaxpr
+  keys = jax.random.split(jax.random.key(1), 8)
+  jaxpr = jax.make_jaxpr(steps.train_step)(state, batch, keys).jaxpr
   assert tiny_run[1]['flops_per_image'] == dot_flops(jaxpr) // 8
 
 

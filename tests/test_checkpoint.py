@@ -1,5 +1,6 @@
 """Checkpoints: exact resume after a stop, SIGTERM or SIGKILL, damaged checkpoints, mismatches, NaN."""
 
+import errno
 import hashlib
 import json
 import logging
@@ -200,6 +201,57 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
   assert_same_params(small_copy, small_run, make_config(**SMALL))
   assert_tensorboard_matches_metrics(small_copy)  # Epoch 3 was recorded twice, and shows once.
   assert (small_copy / f'{DAMAGED_PREFIX}3').is_dir()  # Kept for inspection, not deleted.
+
+
+def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
+  """Orbax's reads of epoch `epoch`'s state raise `error`, as a storage fault would."""
+  read = checkpoint.ocp.CheckpointManager.restore
+
+  def restore(manager, step, *args, **kwargs):
+    if step == epoch and checkpoint.STATE in kwargs['args'].keys():
+      raise error
+    return read(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'restore', restore)
+
+
+# Failures of a read that say nothing about the checkpoint's files, with what the user is told.
+TRANSIENT = {
+    'EIO': (OSError(errno.EIO, 'Input/output error'), 'OSError: [Errno 5] Input/output error'),
+    'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading "params.Dense_0.kernel/0.0" in '
+                                  'OCDBT database'), 'ValueError: DEADLINE_EXCEEDED'),
+    'out of memory': (MemoryError(), 'MemoryError'),
+}
+
+
+@pytest.mark.parametrize('case', TRANSIENT)
+def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
+    case, small_copy, monkeypatch):
+  error, reason = TRANSIENT[case]
+  failing_state_reads(monkeypatch, 3, error)
+  before = snapshot(small_copy)
+  with pytest.raises(UserError) as stopped:
+    loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  message = str(stopped.value)
+  assert message.startswith(f'cannot read the checkpoint of epoch 3 in {small_copy} ({reason}')
+  assert 'every checkpoint was left in place' in message and '\n' not in message
+  assert snapshot(small_copy) == before and saved_epochs(small_copy) == [1, 2, 3]
+  monkeypatch.undo()  # The storage reads again: the newest checkpoint is still the one resumed.
+  assert restore(small_copy, make_config(**SMALL)).epoch == 3
+
+
+def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_nothing(small_copy):
+  """The same config, but code whose state has another shape (here: a template of another model)."""
+  config = make_config(**SMALL)
+  other = make_config(**SMALL, model__hidden_sizes=(64,))
+  before = snapshot(small_copy)
+  with Checkpoints(str(small_copy), config, read_only=True) as checkpoints:
+    with pytest.raises(UserError) as error:
+      checkpoints.restore(state_template(other, make_mesh(other), steps_per_epoch=1))
+  message = str(error.value)
+  assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
+                            'structure does not fit this code (')
+  assert '\n' not in message and snapshot(small_copy) == before
 
 
 def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):

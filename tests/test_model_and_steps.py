@@ -77,7 +77,8 @@ def test_train_step_lowers_the_loss_on_its_batch():
            'label': jnp.arange(16) % 10}
   losses = []
   for i in range(5):
-    state, sums = jax.jit(steps.train_step)(state, batch, jax.random.key(i))
+    keys = jax.random.split(jax.random.key(i), 16)  # One dropout key per example.
+    state, sums = jax.jit(steps.train_step)(state, batch, keys)
     losses.append(float(sums['loss']))
   assert int(state.step) == 5
   assert losses[-1] < 0.5 * losses[0], losses

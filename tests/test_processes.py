@@ -13,7 +13,8 @@ import time
 import pytest
 
 from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_devices,
-                            override_flags, read_metrics, run_train)
+                            override_flags, read_metrics, run_train,
+                            without_timings)
 from tests.parallel_probe import SETTINGS
 from trainer.reporting import METRICS_FILE
 
@@ -131,6 +132,48 @@ def test_a_second_job_is_refused_and_sigterm_to_one_process_stops_every_process_
   assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
   assert f'resumed from epoch {stopped}' in outputs[0][0]
   assert [r['epoch'] for r in read_metrics(workdir)] == list(range(1, epochs + 1))
+
+
+def kill_process_1_in_training(processes: list[subprocess.Popen], workdir, epoch: int) -> float:
+  """kill -9 of process 1 in the epoch after `epoch`, whose checkpoint is complete; returns when.
+
+  Saved every 2 epochs, so the next epoch trains (in collectives) with no save waiting on a peer.
+  """
+  deadline = time.monotonic() + 240
+  while not ((workdir / str(epoch)).is_dir() and (workdir / METRICS_FILE).exists()
+             and len((workdir / METRICS_FILE).read_text().splitlines()) > epoch):
+    assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+    time.sleep(0.02)
+  processes[1].kill()
+  return time.monotonic()
+
+
+@pytest.mark.slow
+def test_a_lost_process_stops_the_other_in_one_line_and_the_rerun_ends_as_if_never_lost(
+    tmp_path, mnist_dir):
+  args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': 6, 'checkpoint_every_epochs': 2,
+                                     'data__train_split': 'train[:2048]'})]
+  straight, lost = tmp_path / 'straight', tmp_path / 'lost'
+  reference = launch_two_processes(args, lambda i: straight)
+  processes = launch_two_processes(args, lambda i: lost)
+  killed = kill_process_1_in_training(processes, lost, epoch=2)
+  _, stderr = processes[0].communicate(timeout=60)
+  assert processes[0].returncode == 1 and time.monotonic() - killed < 30
+  newest = max(int(p.name) for p in lost.iterdir() if p.name.isdigit())
+  assert stderr.strip().splitlines() == [
+      'error: a process of the run was lost (it stopped, or its host or network went down); the '
+      f'newest checkpoint is epoch {newest} in {lost}; rerun the same command on every host to '
+      'resume from it']  # One line: no traceback, no stack dump.
+  processes[1].communicate()
+  outputs = finish(reference)
+  assert [p.returncode for p in reference] == [0, 0], [err for _, err in outputs]
+  assert not [out for out, _ in outputs if '[Gloo]' in out]  # The log has only the run's lines.
+
+  processes = launch_two_processes(args, lambda i: lost)
+  outputs = finish(processes)
+  assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+  assert f'resumed from epoch {newest}' in outputs[0][0]
+  assert without_timings(read_metrics(lost)) == without_timings(read_metrics(straight))
 
 
 BAD_LAUNCHES = {

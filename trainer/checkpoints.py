@@ -5,6 +5,7 @@ or missing file makes a restore fail with no fallback. So each checkpoint carrie
 its state, checked after every restore, and the newest checkpoint that restores and verifies wins.
 """
 
+import asyncio
 import contextlib
 import dataclasses
 import glob
@@ -12,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -39,6 +41,13 @@ FREE_FIELDS = frozenset({
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32'}
 DAMAGED_PREFIX = 'damaged-epoch-'
+# Files every complete checkpoint holds; one missing is damage.
+REQUIRED_FILES = (os.path.join(META, 'metadata'), os.path.join(STATE, '_METADATA'))
+# Tensorstore's statuses (as orbax passes them on) for bytes that are missing, cut short or wrong.
+_DAMAGE_STATUS = re.compile(r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
+# Orbax's words for a saved tree that differs from the one asked for.
+_STRUCTURE_ERROR = re.compile(
+    r'tree structures do not match|pytree structure|not compatible with the stored shape')
 TMP_SUFFIX = '.orbax-checkpoint-tmp'  # Orbax's folders of saves not yet complete.
 
 
@@ -63,8 +72,39 @@ def fingerprint(tree: Any) -> str:
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     array = np.ascontiguousarray(leaf)
     digest.update(f'{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape};'.encode())
-    digest.update(array.tobytes())
+    digest.update(array.reshape(-1).view(np.uint8))  # The bytes of tobytes(), without a copy.
   return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Meta:
+  """A checkpoint's JSON fields, less the fingerprint of `host_tree`, added in orbax's commit."""
+  fields: dict[str, Any]
+  host_tree: Any
+
+
+class _MetaHandler(ocp.JsonCheckpointHandler):
+  """Writes a checkpoint's JSON in orbax's background commit, hashing the state there.
+
+  So a save holds training up only for copies to the host, not for a SHA-256 of the whole state.
+  """
+
+  async def _save_fn(self, x, directory):
+    if isinstance(x, _Meta):
+      x = {**x.fields, 'fingerprint': await asyncio.to_thread(fingerprint, x.host_tree)}
+    await super()._save_fn(x, directory)
+
+
+@ocp.args.register_with_handler(_MetaHandler, for_save=True)
+@dataclasses.dataclass
+class _MetaSave(ocp.args.CheckpointArgs):
+  item: _Meta
+
+
+@ocp.args.register_with_handler(_MetaHandler, for_restore=True)
+@dataclasses.dataclass
+class _MetaRestore(ocp.args.JsonRestore):
+  pass
 
 
 def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -96,6 +136,46 @@ def _show(value: Any) -> str:
 def _why(error: Exception) -> str:
   lines = str(error).strip().splitlines() or ['']
   return f'{type(error).__name__}: {lines[0][:160]}'
+
+
+def newest_saved_epoch(directory: str) -> int | None:
+  """The newest complete checkpoint's epoch, from the folder names alone (no orbax, no peers).
+
+  Orbax writes a save into a temporary folder and renames it to the epoch once complete, so an
+  unfinished save is never counted.
+  """
+  try:
+    epochs = [int(name) for name in os.listdir(directory) if name.isdigit()
+              and os.path.isdir(os.path.join(directory, name))]
+  except OSError:
+    return None
+  return max(epochs, default=None)
+
+
+class _Damaged(Exception):
+  """Damage to a checkpoint that can be named (the message says what): it is set aside."""
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+  """The error and the errors it was raised from, outermost first."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
+def named_damage(error: BaseException) -> str | None:
+  """What is wrong with a checkpoint's files, when `error` says so; None for any other failure.
+
+  A missing file, metadata that is not JSON, or tensorstore's not-found, data-loss and
+  out-of-range (a file cut short) statuses. An I/O error, memory, anything else: None.
+  """
+  for cause in _causes(error):
+    if (isinstance(cause, (FileNotFoundError, json.JSONDecodeError))
+        or _DAMAGE_STATUS.search(str(cause))):
+      return _why(cause)
+  return None
 
 
 def _from_abandoned_read(unraisable: Any) -> bool:
@@ -170,10 +250,12 @@ class Checkpoints(ClosedOnExit):
     """Starts writing `state` (global arrays) as epoch `epoch`; returns before the disk is done."""
     start = time.perf_counter()
     tree = saved_tree(state, jax.random.key_data(rng))
-    meta = {'epoch': epoch, 'fingerprint': fingerprint(jax.device_get(tree)), 'config': self._config}
+    # A copy of our own: the next epoch takes over the state's device buffers.
+    host_tree = jax.tree.map(np.array, jax.device_get(tree))
+    meta = _Meta({'epoch': epoch, 'config': self._config}, host_tree)
     with self._writing():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
-          **{STATE: ocp.args.StandardSave(tree), META: ocp.args.JsonSave(meta)}))
+          **{STATE: ocp.args.StandardSave(tree), META: _MetaSave(meta)}))
     self.save_pauses.append(time.perf_counter() - start)
 
   def check(self) -> None:
@@ -203,7 +285,9 @@ class Checkpoints(ClosedOnExit):
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
-    Raises UserError when the checkpoints come from another config, or when every one is damaged.
+    Passes over (and reports) only checkpoints whose damage can be named; raises UserError when the
+    checkpoints come from another config or code, when one cannot be read for another reason (a
+    transient I/O error: nothing is set aside), or when every one is damaged.
     """
     start = time.perf_counter()
     processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
@@ -213,21 +297,9 @@ class Checkpoints(ClosedOnExit):
     damaged = []
     for epoch in reversed(self.epochs()):
       try:
-        meta = self._manager.restore(epoch, args=ocp.args.Composite(
-            **{META: ocp.args.JsonRestore()}))[META]
-        saved_fingerprint, saved_config = meta['fingerprint'], meta['config']
-      except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-        damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
-        continue
-      self._check_config(saved_config, epoch)
-      try:
-        tree = self._manager.restore(epoch, args=ocp.args.Composite(
-            **{STATE: ocp.args.StandardRestore(target)}))[STATE]
-      except Exception as error:  # pylint: disable=broad-except
-        damaged.append((epoch, f'its state cannot be read ({_why(error)})'))
-        continue
-      if fingerprint(jax.device_get(tree)) != saved_fingerprint:
-        damaged.append((epoch, 'its state differs from the fingerprint saved with it'))
+        tree = self._restore_verified(epoch, target)
+      except _Damaged as damage:
+        damaged.append((epoch, str(damage)))
         continue
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
@@ -237,6 +309,49 @@ class Checkpoints(ClosedOnExit):
       raise UserError(f'no checkpoint in {self.directory} can be restored ({reasons}); copy good '
                       'ones back from a backup, or move the numbered folders away to start over')
     return None
+
+  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> dict[str, Any]:
+    """Epoch `epoch`'s saved tree, checked against its config and fingerprint; raises _Damaged."""
+    self._check_files(epoch)
+    meta = self._read(epoch, META, _MetaRestore(), 'metadata')
+    if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
+      raise _Damaged('its metadata lacks the fingerprint or the config')
+    self._check_config(meta['config'], epoch)
+    tree = self._read(epoch, STATE, ocp.args.StandardRestore(target), 'state')
+    if fingerprint(jax.device_get(tree)) != meta['fingerprint']:
+      raise _Damaged('its state differs from the fingerprint saved with it')
+    return tree
+
+  def _check_files(self, epoch: int) -> None:
+    """Raises _Damaged when a file every checkpoint has is missing (os.path.exists hides EIO)."""
+    for name in REQUIRED_FILES:
+      try:
+        os.stat(os.path.join(self.directory, str(epoch), name))
+      except FileNotFoundError as error:
+        part = 'metadata' if name.startswith(META) else 'state'
+        raise _Damaged(f'its {part} cannot be read ({name} is missing)') from error
+      except OSError as error:
+        raise self._unreadable(epoch, error) from error
+
+  def _read(self, epoch: int, item: str, args: Any, what: str) -> Any:
+    """One item of a checkpoint; damage that can be named raises _Damaged, the rest UserError."""
+    try:
+      return self._manager.restore(epoch, args=ocp.args.Composite(**{item: args}))[item]
+    except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
+      damage = named_damage(error)
+      if damage:
+        raise _Damaged(f'its {what} cannot be read ({damage})') from error
+      if _STRUCTURE_ERROR.search(str(error)):
+        raise UserError(
+            f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose structure '
+            f'does not fit this code ({_why(error)}); resume it with the code that saved it, or '
+            'pass a new --workdir to start another run') from error
+      raise self._unreadable(epoch, error) from error
+
+  def _unreadable(self, epoch: int, error: BaseException) -> UserError:
+    return UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
+                     f'({_why(error)}); every checkpoint was left in place: rerun the same command '
+                     'once the storage reads again')
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.

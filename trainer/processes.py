@@ -12,6 +12,13 @@ from errors import UserError
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
 _JAX_GRACE_S = 30
+# How long a silent process counts as alive (JAX's default: 100 s). A process that waits on a
+# lost peer outside a collective (in a barrier of the coordination service) learns of the loss
+# only when this runs out.
+HEARTBEAT_TIMEOUT_S = 20
+# How a collective, or a barrier of the coordination service, fails once a peer is gone.
+_PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
+                        r'heartbeat|[Bb]arrier')
 
 
 def join(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -34,6 +41,10 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
                     'address of process 0 and a free port, e.g. --coordinator_address=10.0.0.2:8476')
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
 
+  if 'JAX_LOGGING_LEVEL' not in os.environ:
+    # JAX's native logs only when fatal: its coordination service logs a lost peer at length, and
+    # the run says it in one line.
+    jax.config.update('jax_logging_level', 'CRITICAL')
   watchdog = threading.Timer(initialization_timeout, give_up or (lambda _: None), args=(
       f'not every process joined the run within {initialization_timeout}s; start all '
       f'{num_processes or "the"} processes with the same --coordinator_address (process 0\'s '
@@ -41,7 +52,9 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   watchdog.daemon = True
   watchdog.start()
   try:
-    jax.distributed.initialize(**given, initialization_timeout=initialization_timeout + _JAX_GRACE_S)
+    jax.distributed.initialize(
+        **given, initialization_timeout=initialization_timeout + _JAX_GRACE_S,
+        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   except (ValueError, TypeError, RuntimeError) as error:
     raise UserError(
         f'could not join the multi-process run ({error}); on each process pass '
@@ -50,6 +63,42 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   finally:
     watchdog.cancel()
   return True
+
+
+def mute_native_stdout() -> None:
+  """Keeps Python's stdout and sends native code's to /dev/null: gloo prints a line per connection.
+
+  Call once, after joining: the run's log then carries only its own lines, not gloo's "[Gloo] Rank
+  0 is connected to 1 peer ranks..." (on several processes, garbled into each other).
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.stdout.flush()
+  python_stdout = os.dup(1)
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 1)
+  os.close(devnull)
+  sys.stdout = os.fdopen(python_stdout, 'w', buffering=1, encoding=sys.stdout.encoding)
+
+
+def lost_a_peer(error: BaseException) -> bool:
+  """Whether `error` is a multi-process run's collective or barrier failing for a lost process."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return False
+  while error is not None:
+    if isinstance(error, jax.errors.JaxRuntimeError) and _PEER_LOST.search(str(error)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def lost_peer_message(workdir: str, newest_epoch: int | None) -> str:
+  """What every surviving process says: the run stopped, where it resumes, and the same command."""
+  resume = (f'the newest checkpoint is epoch {newest_epoch} in {workdir}; rerun the same command '
+            'on every host to resume from it' if newest_epoch is not None else
+            f'no checkpoint was saved yet in {workdir}; rerun the same command on every host to '
+            'start again')
+  return (f'a process of the run was lost (it stopped, or its host or network went down); {resume}')
 
 
 def is_primary() -> bool:
