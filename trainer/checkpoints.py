@@ -77,6 +77,18 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return json.loads(json.dumps(dict(walk(config.to_dict(), ''))))
 
 
+def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
+  tree: dict[str, Any] = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split('.')
+    target = tree
+    for parent in parents:
+      target = target.setdefault(parent, {})
+    target[leaf] = tuple(value) if isinstance(value, list) else value
+  return ml_collections.ConfigDict(tree)
+
+
 def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
   """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
   absent = object()
@@ -140,6 +152,48 @@ def _mute_orbax_noise() -> None:
     asyncio_logger.addFilter(_orbax_task_report)
 
 
+def _read_meta(manager: ocp.CheckpointManager, epoch: int,
+               damaged: list[tuple[int, str]]) -> dict[str, Any] | None:
+  """A checkpoint's fingerprint and config; None, with the reason added to `damaged`, if unreadable."""
+  try:
+    meta = manager.restore(epoch, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
+    if not isinstance(meta['config'], dict):
+      raise TypeError(f'the saved config is a {type(meta["config"]).__name__}')
+    return meta
+  except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+    damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+    return None
+
+
+def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
+  """Raises the user's line when checkpoints exist but every one of them is damaged."""
+  if damaged:
+    reasons = '; '.join(f'epoch {epoch}: {why}' for epoch, why in damaged)
+    raise UserError(f'no checkpoint in {directory} can be restored ({reasons}); copy good '
+                    'ones back from a backup, or move the numbered folders away to start over')
+
+
+def saved_config(directory: str) -> dict[str, Any] | None:
+  """The flat config saved with the newest checkpoint whose metadata reads: what the run trained.
+
+  None when `directory` holds no checkpoint; UserError when none of them can be read.
+  """
+  directory = os.path.abspath(directory)
+  if not os.path.isdir(directory):
+    return None
+  _mute_orbax_noise()
+  options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
+  damaged = []
+  with contextlib.closing(ocp.CheckpointManager(directory, item_names=(STATE, META),
+                                                options=options)) as manager:
+    for epoch in sorted(manager.all_steps(), reverse=True):
+      meta = _read_meta(manager, epoch, damaged)
+      if meta is not None:
+        return {**DEFAULTS_OF_NEWER_FIELDS, **meta['config']}
+  _none_restores(directory, damaged)
+  return None
+
+
 class Checkpoints(ClosedOnExit):
   """The run directory's checkpoints, one folder per saved epoch: asynchronous saves, verified restores.
 
@@ -201,13 +255,10 @@ class Checkpoints(ClosedOnExit):
                                                        sharding=template.step.sharding))
     damaged = []
     for epoch in reversed(self.epochs()):
-      try:
-        meta = self._manager.restore(epoch, args=ocp.args.Composite(
-            **{META: ocp.args.JsonRestore()}))[META]
-        saved_fingerprint, saved_config = meta['fingerprint'], meta['config']
-      except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-        damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+      meta = _read_meta(self._manager, epoch, damaged)
+      if meta is None:
         continue
+      saved_fingerprint, saved_config = meta['fingerprint'], meta['config']
       self._check_config(saved_config, epoch)
       try:
         tree = self._manager.restore(epoch, args=ocp.args.Composite(
@@ -221,10 +272,7 @@ class Checkpoints(ClosedOnExit):
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
       return Restored(epoch, state, tuple(damaged), time.perf_counter() - start)
-    if damaged:
-      reasons = '; '.join(f'epoch {epoch}: {why}' for epoch, why in damaged)
-      raise UserError(f'no checkpoint in {self.directory} can be restored ({reasons}); copy good '
-                      'ones back from a backup, or move the numbered folders away to start over')
+    _none_restores(self.directory, damaged)
     return None
 
   def set_aside(self, epochs: list[int]) -> list[str]:
