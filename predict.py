@@ -1,4 +1,4 @@
-"""Classifies pictures of digits with a trained run: `python predict.py --workdir=RUN IMAGE_OR_FOLDER...`."""
+"""Classifies pictures of digits with a trained run: `python predict.py --workdir=RUN IMAGES...`."""
 
 import json
 import os
@@ -10,8 +10,8 @@ from absl import flags
 from errors import UserError, fail
 
 _WORKDIR = flags.DEFINE_string(
-    'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest checkpoint '
-    'that restores and verifies classifies the images, with the config saved with it.')
+    'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
+    'checkpoint that restores and verifies classifies the images, with the config saved with it.')
 _JSON = flags.DEFINE_bool('json', False, 'One JSON object per image instead of a line of text.')
 USAGE = 'python predict.py --workdir=RUN IMAGE_OR_FOLDER...'
 

@@ -59,7 +59,7 @@ def looks_like_mnist(pixels: np.ndarray) -> bool:
 
 
 def ink_levels(pixels: np.ndarray) -> np.ndarray:
-  """Light-on-dark pixels as ink 0-1: the page, its texture and shading at 0, the darkest ink at 1."""
+  """Light-on-dark pixels as ink 0-1: the page, its texture and shading 0, the darkest ink 1."""
   page, peak = float(np.median(pixels)), float(pixels.max())
   if peak - page < MIN_CONTRAST:
     raise NoDigit(f'no digit found: the picture is blank or too faint (contrast {peak - page:.0f} '

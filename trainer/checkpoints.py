@@ -154,7 +154,7 @@ def _mute_orbax_noise() -> None:
 
 def _read_meta(manager: ocp.CheckpointManager, epoch: int,
                damaged: list[tuple[int, str]]) -> dict[str, Any] | None:
-  """A checkpoint's fingerprint and config; None, with the reason added to `damaged`, if unreadable."""
+  """A checkpoint's fingerprint and config; None, the reason added to `damaged`, if unreadable."""
   try:
     meta = manager.restore(epoch, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
     if not isinstance(meta['config'], dict):

@@ -34,7 +34,7 @@ def restore_run(workdir: str) -> tuple[ml_collections.ConfigDict, Restored]:
 
 def probabilities(config: ml_collections.ConfigDict, restored: Restored,
                   images: np.ndarray) -> np.ndarray:
-  """float64 [N, 10] class probabilities of uint8 images [N, 784], from the trainer's forward pass."""
+  """float64 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
   logits = predict_logits(restored.state, images, config.eval_batch_size).astype(np.float64)
   exp = np.exp(logits - logits.max(axis=1, keepdims=True))
   return exp / exp.sum(axis=1, keepdims=True)
