@@ -21,19 +21,20 @@ class NoDigit(UserError):
 
 
 def grayscale(image: Image.Image) -> np.ndarray:
-  """float64 [H, W] grey levels 0-255 of any Pillow image; transparency counts as white paper."""
+  """float32 [H, W] grey levels 0-255 of any Pillow image; transparency counts as white paper."""
   image = ImageOps.exif_transpose(image)  # Phone photos store their rotation apart.
   if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'F'):  # 16-bit and float: scaled to 0-255.
-    pixels = np.asarray(image, np.float64)
-    return pixels * (255.0 / max(float(pixels.max()), 1.0))
+    pixels = np.asarray(image, np.float32)
+    return pixels * np.float32(255.0 / max(float(pixels.max()), 1.0))
   if 'A' in image.getbands() or 'transparency' in image.info:
     image = Image.alpha_composite(Image.new('RGBA', image.size, 'white'), image.convert('RGBA'))
-  return np.asarray(image.convert('L'), np.float64)
+  return np.asarray(image.convert('L'), np.float32)
 
 
-def light_on_dark(pixels: np.ndarray) -> np.ndarray:
-  """MNIST's polarity: a light page (the most common grey, the median) turns dark."""
-  return 255.0 - pixels if np.median(pixels) > 127.5 else pixels
+def light_on_dark(pixels: np.ndarray) -> tuple[np.ndarray, float]:
+  """MNIST's polarity, and the page's grey level: a light page (the median grey) turns dark."""
+  page = float(np.median(pixels))
+  return (255.0 - pixels, 255.0 - page) if page > 127.5 else (pixels, page)
 
 
 def _ink_box(mask: np.ndarray) -> tuple[slice, slice]:
@@ -49,8 +50,8 @@ def centre_of_mass(pixels: np.ndarray) -> tuple[float, float]:
 
 
 def looks_like_mnist(pixels: np.ndarray) -> bool:
-  """28x28, light ink on a dark page, fitting 20x20 and centred as MNIST's own digits are."""
-  if pixels.shape != (SIDE, SIDE) or np.median(pixels) > 127.5 or not (pixels > 0).any():
+  """28x28 light-on-dark ink that fits 20x20 and is centred as MNIST's own digits are."""
+  if pixels.shape != (SIDE, SIDE) or not (pixels > 0).any():
     return False
   rows, cols = _ink_box(pixels > 0)
   row, col = centre_of_mass(pixels)
@@ -58,9 +59,9 @@ def looks_like_mnist(pixels: np.ndarray) -> bool:
           and abs(row - CENTRE) <= 1 and abs(col - CENTRE) <= 1)
 
 
-def ink_levels(pixels: np.ndarray) -> np.ndarray:
+def ink_levels(pixels: np.ndarray, page: float) -> np.ndarray:
   """Light-on-dark pixels as ink 0-1: the page, its texture and shading 0, the darkest ink 1."""
-  page, peak = float(np.median(pixels)), float(pixels.max())
+  peak = float(pixels.max())
   if peak - page < MIN_CONTRAST:
     raise NoDigit(f'no digit found: the picture is blank or too faint (contrast {peak - page:.0f} '
                   f'of 255 grey levels)')
@@ -93,7 +94,7 @@ def to_mnist(image: Image.Image) -> np.ndarray:
 
   Raises NoDigit for a picture without ink.
   """
-  pixels = light_on_dark(grayscale(image))
+  pixels, page = light_on_dark(grayscale(image))
   if looks_like_mnist(pixels):
     return pixels.astype(np.uint8)
-  return np.round(255 * centred(fit_box(ink_levels(pixels)))).astype(np.uint8)
+  return np.round(255 * centred(fit_box(ink_levels(pixels, page)))).astype(np.uint8)

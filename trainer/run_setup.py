@@ -69,8 +69,13 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
   return RunSetup(mesh, run_key, state, train_data, eval_data, programs)
 
 
+@functools.cache
+def _predict_program(batch_size: int):
+  """One jitted forward pass per batch size, so that a process compiles each shape once."""
+  return jax.jit(functools.partial(epoch.predict, batch_size=batch_size))
+
+
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
                    batch_size: int) -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, in evaluation's batches."""
-  program = jax.jit(functools.partial(epoch.predict, batch_size=batch_size))
-  return np.asarray(jax.device_get(program(state, images)))
+  return np.asarray(jax.device_get(_predict_program(batch_size)(state, images)))
