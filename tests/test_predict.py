@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from data import digit_images
 from data.mnist import load_split
-from tests.conftest import run_train
+from tests.conftest import make_config, run_train
 from trainer import checkpoints, evaluation, inference, pictures
 from trainer.reporting import EVAL_FILE
 
@@ -184,3 +185,23 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(case, quick_run, tmp_path
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
   assert snapshot(tmp_path) == before and snapshot(workdir) == run_before
+
+
+def test_a_photographed_digit_is_made_the_way_mnist_made_its_own(mnist_dir):
+  examples = load_split(make_config().data, 'test[:20]')
+  rng, alike = np.random.default_rng(1), []
+  for original in examples.images:
+    made = digit_images.to_mnist(photograph(original, rng)).astype(float)
+    rows, cols = np.flatnonzero(made.any(axis=1)), np.flatnonzero(made.any(axis=0))
+    # The ink's box scaled to 20 pixels on its longer side, its centre of mass at MNIST's centre.
+    assert max(rows[-1] - rows[0], cols[-1] - cols[0]) + 1 == 20
+    assert np.allclose(digit_images.centre_of_mass(made), 14, atol=0.5)
+    assert made.max() == 255
+    alike.append(np.corrcoef(made.ravel(), original.astype(float))[0, 1])
+    assert np.array_equal(digit_images.to_mnist(Image.fromarray(original.reshape(28, 28))),
+                          original.reshape(28, 28))  # An MNIST image is taken as it is.
+  assert min(alike) > 0.6 and np.median(alike) > 0.9  # Back close to the original, pixel by pixel.
+  drawing = Image.new('RGBA', (200, 120), (0, 0, 0, 0))  # Black ink on a transparent page.
+  drawing.paste((0, 0, 0, 255), (90, 10, 110, 110))
+  made = digit_images.to_mnist(drawing)
+  assert made[4:24, 12:16].min() > 200 and made.sum() == made[4:24, 12:16].sum()
