@@ -4,7 +4,7 @@ PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
 
-.PHONY: train test test-fast clean-env
+.PHONY: train test test-fast test-numbers-other-cpu clean-env
 
 $(VENV)/installed: requirements.txt
 	python3 -m venv $(VENV)
@@ -21,6 +21,10 @@ test: $(VENV)/installed
 
 test-fast: $(VENV)/installed
 	$(PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
+
+# The numeric-contract tests as XLA compiles them for an older x86 instruction set (other float bits).
+test-numbers-other-cpu: $(VENV)/installed
+	XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=SSE4_2" $(PYTHON) -m pytest -q -n auto --dist=loadfile -m numeric
 
 clean-env:
 	rm -rf $(VENV)

@@ -72,9 +72,9 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def default_workdir() -> str:
-  """checkpoints/<config file name without .py>, beside this file."""
-  config_file = config_flags.get_config_filename(flags.FLAGS['config'])
-  name = os.path.splitext(os.path.basename(config_file))[0]
+  """checkpoints/<config file name without .py>[-<its argument>], beside this file."""
+  config_file, _, argument = config_flags.get_config_filename(flags.FLAGS['config']).partition(':')
+  name = os.path.splitext(os.path.basename(config_file))[0] + (f'-{argument}' if argument else '')
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'checkpoints', name)
 
 

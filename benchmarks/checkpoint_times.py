@@ -108,7 +108,7 @@ def measure(data_dir: str) -> None:
   """Prints the checkpoint costs for the default config trained on the idx files in `data_dir`."""
   config = default.get_config()
   config.data.source, config.data.dir = 'idx', data_dir
-  config.data.train_split = 'test[:8000]'
+  config.data.train_split = 'train[:8000]'
   config.max_checkpoints_to_keep = 2
   examples = load_split(config.data, config.data.train_split)
   training = _Training(workload.TrainerRun(config, examples))

@@ -26,8 +26,8 @@ from benchmarks import workload
 _TRIALS = flags.DEFINE_integer('trials', 20, 'Runs to kill and resume.', lower_bound=1)
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the kill times.')
 EPOCHS = 12
-OVERRIDES = {'data.source': 'idx', 'data.train_split': 'test[:4096]',
-             'data.eval_split': 'test[8000:]', 'num_epochs': EPOCHS,
+OVERRIDES = {'data.source': 'idx', 'data.train_split': 'train[:4096]',
+             'data.eval_split': 'test[:2000]', 'num_epochs': EPOCHS,
              'model.hidden_sizes': '(64, 64)', 'max_checkpoints_to_keep': 2}
 
 

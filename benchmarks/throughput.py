@@ -48,14 +48,14 @@ from mlp import batches
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
 _STARTUP = flags.DEFINE_bool('startup', True, 'Also time a fresh `python train.py` on the idx '
-                             'split test[:8000] from process start to its first epoch.')
+                             'split train[:8000] from process start to its first epoch.')
 
 _COMPARE_MODES = flags.DEFINE_list(
     'compare_modes', [], 'Instead of the table above: the trainer\'s epoch under these parallel '
     'modes (jit: one device; mesh, pmap: every device), interleaved, e.g. jit,mesh,pmap; run with '
     'several devices, e.g. XLA_FLAGS=--xla_force_host_platform_device_count=8.')
 
-STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'test[:8000]', 'test[8000:]'
+STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'train[:8000]', 'test[:2000]'
 MIN_REPEATS = 5
 MODES = ('jit', 'mesh', 'pmap')
 WITHOUT_DATA = '--data=synthetic --nostartup'  # The flags that run this script without MNIST files.

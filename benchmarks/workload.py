@@ -24,8 +24,8 @@ DTYPE = flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
 PARALLEL = flags.DEFINE_enum('parallel', 'jit', ['jit', 'mesh', 'pmap'],
                              'How the trainer runs the epoch (mesh and pmap use every device).')
 NUM_IMAGES = flags.DEFINE_integer(
-    'num_images', 8000, 'Images per epoch. idx: the first N of the real test set (repeated past '
-    '10,000); synthetic: N random images of MNIST\'s shape.')
+    'num_images', 8000, 'Images per epoch. idx: the first N of MNIST\'s training set (repeated '
+    'past 60,000); synthetic: N random images of MNIST\'s shape.')
 DATA = flags.DEFINE_enum('data', 'idx', ['idx', 'synthetic'],
                          'idx: real MNIST from --data_dir; synthetic: random uint8 images.')
 DATA_DIR = flags.DEFINE_string('data_dir', str(ROOT / 'data' / 'mnist'),
@@ -86,14 +86,14 @@ def load_images(without: str = '--data=synthetic') -> tuple[Examples, str]:
                      labels=rng.integers(0, 10, num_images, dtype=np.int32)),
             f'synthetic: {num_images:,} random uint8 images of MNIST\'s shape')
   data_config = ml_collections.ConfigDict({'source': 'idx', 'dir': check_data_dir(without)})
-  available = SPLIT_SIZES['test']
+  available = SPLIT_SIZES['train']
   if num_images <= available:
-    return (load_split(data_config, f'test[:{num_images}]'),
-            f'real MNIST test[:{num_images}] (idx files)')
-  full = load_split(data_config, 'test')
+    return (load_split(data_config, f'train[:{num_images}]'),
+            f'real MNIST train[:{num_images}] (idx files)')
+  full = load_split(data_config, 'train')
   rows = np.arange(num_images) % available
   return (Examples(images=full.images[rows], labels=full.labels[rows]),
-          f'real MNIST test set ({available:,}) repeated to {num_images:,} (idx files)')
+          f'real MNIST training set ({available:,}) repeated to {num_images:,} (idx files)')
 
 
 class TrainerRun:

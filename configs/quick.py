@@ -1,27 +1,20 @@
-"""A first run in seconds, offline: the default recipe, 8 epochs, on the MNIST files carried here.
+"""A first run in seconds: the default recipe, shorter, on the MNIST files this project carries.
 
   python train.py --config=configs/quick.py
 
-Trains on the first 8,000 images of MNIST's test set (data/mnist) and evaluates on the other
-2,000, so it needs no download. Measured: eval accuracy 98.05% (seed 0), about 8 s from launch
-to exit on 2 CPU cores.
+Measured: see README.md's results.
 """
-
-import pathlib
 
 import ml_collections
 
 from configs import default
 
-CARRIED_MNIST = pathlib.Path(__file__).resolve().parent.parent / 'data' / 'mnist'
 
-
-def get_config() -> ml_collections.ConfigDict:
-  """configs/default.py, shorter, on the carried test files."""
-  config = default.get_config()
-  config.num_epochs = 8
-  config.data.source = 'idx'
-  config.data.dir = str(CARRIED_MNIST)
-  config.data.train_split = 'test[:8000]'
-  config.data.eval_split = 'test[8000:]'
+def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
+  """configs/default.py, shorter: a first look at the real test accuracy."""
+  config = default.get_config(splits)
+  config.num_epochs = 3
+  # Batch 256 trains an epoch about 20% faster on a CPU than 128; on the validation split, 3
+  # epochs scored 98.08% at 256 and 98.16% at 128, and 2 epochs at 128 97.87%.
+  config.batch_size = 256
   return config

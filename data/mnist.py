@@ -8,7 +8,7 @@ import numpy as np
 from data import idx
 from data.splits import parse_split
 
-SOURCES = ('tfds', 'idx')
+SOURCES = ('idx', 'tfds')
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,8 @@
 import contextlib
 import os
 import socket
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 from absl import logging
@@ -17,11 +18,25 @@ DOWNLOAD_HOST = ('storage.googleapis.com', 443)
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
 OFFLINE_HELP = (f'to train offline, either put the four canonical files ({", ".join(CANONICAL_FILES)}) '
                 'in a folder and pass --config.data.dir=FOLDER (TFDS prepares MNIST from them), or '
-                'read them directly with --config.data.source=idx --config.data.dir=FOLDER')
+                'train on the copy this project carries with --config.data.source=idx (or on '
+                'another copy with --config.data.dir=FOLDER as well)')
 
 
-def can_reach(address: tuple[str, int] = DOWNLOAD_HOST, timeout: float = 5.0) -> bool:
-  """True when a TCP connection to the download host opens within the timeout."""
+def https_proxy(environ: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
+  """The (host, port) of the HTTPS proxy that downloads go through, if the environment names one."""
+  url = environ.get('HTTPS_PROXY') or environ.get('https_proxy')
+  if not url:
+    return None
+  parsed = urllib.parse.urlsplit(url if '://' in url else f'http://{url}')
+  if not parsed.hostname:
+    return None
+  return parsed.hostname, parsed.port or (443 if parsed.scheme == 'https' else 80)
+
+
+def can_reach(address: tuple[str, int] | None = None, timeout: float = 5.0) -> bool:
+  """True when a TCP connection opens within the timeout to the download host, or to the proxy
+  that reaches it: many company and university networks reach the internet only through one."""
+  address = address or https_proxy() or DOWNLOAD_HOST
   try:
     with socket.create_connection(address, timeout=timeout):
       return True
@@ -60,7 +75,8 @@ def load_tfds(split: str, manual_dir: str = '', data_dir: str = '') -> tuple[np.
     if manual_dir:
       _check_manual_dir(os.path.expanduser(manual_dir))
     if not manual_dir and not can_reach():
-      raise UserError(f'MNIST is not prepared and {DOWNLOAD_HOST[0]} cannot be reached; '
+      raise UserError(f'MNIST is not prepared and {DOWNLOAD_HOST[0]} cannot be reached (nor a proxy '
+                      'named by HTTPS_PROXY); '
                       f'{OFFLINE_HELP}')
     download_config = tfds.download.DownloadConfig(
         manual_dir=os.path.expanduser(manual_dir) if manual_dir else None)

@@ -26,7 +26,7 @@ from trainer.run_setup import make_mesh, set_up_run
 # epoch 2); with 2x64 in none of 6. So the test uses the smaller model, and pins every optimizer
 # setting rather than take defaults that are still being tuned.
 SETTINGS = dict(num_epochs=2, model__dropout_rate=0.0, model__hidden_sizes=(64, 64),
-                data__train_split='test[:4096]', data__max_shift=1, batch_size=128,
+                data__train_split='train[:4096]', data__max_shift=1, batch_size=128,
                 eval_batch_size=1000, optimizer='adamw', learning_rate=2e-3, weight_decay=1e-4,
                 schedule='cosine', warmup_epochs=1.0, seed=0)
 MODES = ('jit', 'mesh', 'pmap')

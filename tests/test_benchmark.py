@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 
 from mlp import steps
-from tests.conftest import ROOT, make_config
+from tests.conftest import ROOT, make_config, on_devices
 
 KEYS = ('trainer_images_per_second', 'loop_images_per_second', 'ratio_vs_loop',
         'ceiling_images_per_second', 'fraction_of_ceiling', 'startup_seconds')
@@ -30,10 +30,7 @@ RANGE = r'([\d,.]+) \[([\d,.]+) \.\. ([\d,.]+)\]'  # How the table prints median
 
 def run_benchmark(*args: str, cpu_devices: int | None = None) -> subprocess.CompletedProcess:
   """`python -m benchmarks.throughput ARGS` from the project root; on that many CPU devices if given."""
-  env = dict(os.environ)
-  if cpu_devices:
-    env.update(JAX_PLATFORMS='cpu',
-               XLA_FLAGS=f'--xla_force_host_platform_device_count={cpu_devices}')
+  env = {**os.environ, **(on_devices(cpu_devices) if cpu_devices else {})}
   return subprocess.run([sys.executable, '-m', 'benchmarks.throughput', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300, env=env)
 
@@ -74,7 +71,7 @@ def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
   table, figures = tiny_run
   assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
   assert figures['images_per_epoch'] == 640 and figures['batch_size'] == 32
-  assert figures['data'] == 'real MNIST test[:640] (idx files)'
+  assert figures['data'] == 'real MNIST train[:640] (idx files)'
   # Every row of the table prints the JSON's median, min and max images/s, and its epoch time.
   for key, start in ROWS.items():
     row = next(l for l in table if l.startswith(start))

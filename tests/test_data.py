@@ -16,6 +16,7 @@ from data.idx import load_idx
 from data.mnist import load_splits
 from data.splits import parse_split
 from errors import UserError
+from configs import default, quick
 from tests.conftest import ROOT, make_config
 
 
@@ -48,7 +49,8 @@ def test_idx_reads_the_real_test_set(mnist_dir):
 def test_two_ranges_of_one_idx_split_read_and_check_its_files_once(mnist_dir, monkeypatch):
   read = []
   verified = idx._read_verified  # pylint: disable=protected-access
-  monkeypatch.setattr(idx, '_read_verified', lambda path: read.append(path.name) or verified(path))
+  monkeypatch.setattr(idx, '_read_verified', lambda folder, name: read.append(name) or verified(
+      folder, name))
   head, tail = load_splits(make_config().data, 'test[:8000]', 'test[8000:]')
   assert sorted(read) == ['t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz']
   images, labels = load_idx(str(mnist_dir), 'test')
@@ -57,18 +59,60 @@ def test_two_ranges_of_one_idx_split_read_and_check_its_files_once(mnist_dir, mo
   np.testing.assert_array_equal(np.concatenate([head.labels, tail.labels]), labels)
 
 
-def test_idx_rejects_a_file_that_fails_its_checksum(mnist_dir, tmp_path):
+def test_the_carried_training_set_is_mnists_and_is_the_default(mnist_dir):
+  images, labels = load_idx('', 'train')  # '' reads the copy the project carries.
+  assert images.shape == (60_000, 28, 28) and images.dtype == np.uint8
+  # The published class counts of the MNIST training set.
+  assert np.bincount(labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851,
+                                          5949]
+  assert idx.CARRIED == mnist_dir
+  assert default.get_config().data.source == 'idx' and default.get_config().data.dir == ''
+
+
+def _copy_as(mnist_dir, folder, rename=lambda name: name, transform=lambda payload: payload):
+  """MNIST's four files in `folder`, decompressed, transformed and saved under new names."""
+  folder.mkdir()
+  for source in mnist_dir.glob('*.gz'):
+    payload = transform(gzip.decompress(source.read_bytes()))
+    (folder / rename(source.name.removesuffix('.gz'))).write_bytes(payload)
+  return folder
+
+
+@pytest.mark.parametrize('form', ['uncompressed (torchvision)', 'dotted names (Kaggle)',
+                                  're-gzipped'])
+def test_any_faithful_copy_of_mnist_loads_the_same(form, mnist_dir, tmp_path):
+  rename, transform = {
+      'uncompressed (torchvision)': (lambda n: n, lambda p: p),
+      'dotted names (Kaggle)': (lambda n: n.replace('-idx', '.idx'), lambda p: p),
+      're-gzipped': (lambda n: n + '.gz', lambda p: gzip.compress(p, compresslevel=1, mtime=1)),
+  }[form]
+  folder = _copy_as(mnist_dir, tmp_path / 'copy', rename, transform)
+  for split in ('train', 'test'):
+    for got, expected in zip(load_idx(str(folder), split), load_idx(str(mnist_dir), split)):
+      np.testing.assert_array_equal(got, expected)
+
+
+def _flip_one_label(payload: bytes) -> bytes:
+  payload = bytearray(payload)
+  if len(payload) < 100_000:  # The labels file.
+    payload[100] = (payload[100] + 1) % 10
+  return bytes(payload)
+
+
+def test_a_damaged_or_missing_file_is_refused_naming_it(mnist_dir, tmp_path):
+  altered = _copy_as(mnist_dir, tmp_path / 'altered', transform=_flip_one_label)
+  with pytest.raises(UserError, match=r'altered/t10k-labels-idx1-ubyte is not MNIST\'s '
+                     r't10k-labels-idx1-ubyte \(the SHA-256 of its contents is .*download it again'):
+    load_idx(str(altered), 'test')
+  truncated = tmp_path / 'truncated'
+  truncated.mkdir()
   for f in mnist_dir.glob('t10k-*'):
-    shutil.copy(f, tmp_path / f.name)
-  labels = tmp_path / 't10k-labels-idx1-ubyte.gz'
-  payload = bytearray(gzip.decompress(labels.read_bytes()))
-  payload[100] = (payload[100] + 1) % 10
-  labels.write_bytes(gzip.compress(bytes(payload)))
-  with pytest.raises(UserError, match='t10k-labels-idx1-ubyte.gz fails its SHA-256 check'):
-    load_idx(str(tmp_path), 'test')
-  (tmp_path / 't10k-images-idx3-ubyte.gz').unlink()
+    (truncated / f.name).write_bytes(f.read_bytes()[:-1000])
+  with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is not a whole gzip file'):
+    load_idx(str(truncated), 'test')
+  (truncated / 't10k-images-idx3-ubyte.gz').unlink()
   with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is missing'):
-    load_idx(str(tmp_path), 'test')
+    load_idx(str(truncated), 'test')
 
 
 def test_idx_path_does_not_import_tensorflow(mnist_dir):
@@ -128,3 +172,18 @@ def test_shift_offsets_depend_on_the_example_not_its_position():
   assert int(together.min()) >= 0 and int(together.max()) <= 4
   later = batches.shift_offsets(key, jnp.int32(2), jnp.arange(100), 2)
   assert not np.array_equal(batches.shift_offsets(key, jnp.int32(1), jnp.arange(100), 2), later)
+
+
+@pytest.mark.parametrize('config_file', ['default', 'quick'])
+def test_validation_after_the_config_file_holds_out_the_last_10000_training_images(config_file):
+  module = {'default': default, 'quick': quick}[config_file]
+  chosen, held_out = (parse_split(s) for s in (module.get_config().data.train_split,
+                                               module.get_config().data.eval_split))
+  assert (chosen.name, chosen.size, held_out.name, held_out.size) == ('train', 60_000, 'test',
+                                                                      10_000)
+  config = module.get_config('validation')
+  train, validation = (parse_split(s) for s in (config.data.train_split, config.data.eval_split))
+  assert (train.name, train.start, train.stop) == ('train', 0, 50_000)
+  assert (validation.name, validation.start, validation.stop) == ('train', 50_000, 60_000)
+  with pytest.raises(ValueError, match='use test or validation'):
+    module.get_config('valid')

@@ -109,7 +109,7 @@ def test_a_second_job_is_refused_and_sigterm_to_one_process_stops_every_process_
     tmp_path, mnist_dir):
   epochs = 12
   args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': epochs,
-                                                       'data__train_split': 'test[:2048]'})]
+                                                       'data__train_split': 'train[:2048]'})]
   workdir = tmp_path / 'run'
   processes = launch_two_processes(args, lambda i: workdir)
   metrics = workdir / METRICS_FILE

@@ -62,7 +62,7 @@ def test_a_lock_whose_holder_was_killed_never_blocks(tmp_path):
 @pytest.mark.slow
 def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_path, mnist_dir):
   args = ['--config=configs/default.py', f'--workdir={tmp_path}',
-          *override_flags(num_epochs=6, data__train_split='test[:2000]')]
+          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
   first = subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
   try:

@@ -1,5 +1,6 @@
 """The TFDS source: its real code path under tfds.testing.mock_data, and the fast offline failure."""
 
+import socket
 import time
 
 import numpy as np
@@ -53,6 +54,22 @@ def test_unreachable_host_is_detected_quickly():
   start = time.monotonic()
   assert not tfds_source.can_reach(('127.0.0.1', 9), timeout=2.0)  # Nothing listens on port 9.
   assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize('variable', ['HTTPS_PROXY', 'https_proxy'])
+def test_behind_an_https_proxy_the_proxy_is_probed_not_the_download_host(variable, monkeypatch):
+  for name in ('HTTPS_PROXY', 'https_proxy'):
+    monkeypatch.delenv(name, raising=False)
+  assert tfds_source.https_proxy() is None
+  monkeypatch.setenv(variable, 'http://proxy.example.com:3128')
+  assert tfds_source.https_proxy() == ('proxy.example.com', 3128)
+  with socket.socket() as listener:  # A proxy that accepts connections, on this machine.
+    listener.bind(('127.0.0.1', 0))
+    listener.listen()
+    monkeypatch.setenv(variable, f'127.0.0.1:{listener.getsockname()[1]}')
+    assert tfds_source.can_reach(timeout=2.0)
+  monkeypatch.setenv(variable, 'http://127.0.0.1:9')  # Nothing listens on port 9.
+  assert not tfds_source.can_reach(timeout=2.0)
 
 
 def test_manual_dir_that_does_not_exist_is_named(tmp_path):

@@ -14,7 +14,7 @@ from trainer import loop
 from tests.conftest import make_config, read_metrics
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
-SMALL = dict(num_epochs=2, data__train_split='test[:2000]', data__eval_split='test[8000:]')
+SMALL = dict(num_epochs=2, data__train_split='train[:2000]', data__eval_split='test[8000:]')
 
 
 def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_path, capsys,

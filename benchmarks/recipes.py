@@ -1,0 +1,73 @@
+"""A config's recipe beside the conventional one, each a real `train.py` run on the same split.
+
+  python -m benchmarks.recipes [--config=configs/default.py] [--seeds=0,1,2] [--splits=test]
+
+`conventional` is the same MLP trained the way google/flax's and pytorch/examples' MNIST loops
+train theirs: Adam at a constant 1e-3, no dropout, no augmentation, the config's epochs and batch.
+Prints each run's final eval accuracy and its time from launch to exit, then each recipe's mean.
+Choose recipes with --splits=validation (train[:50000], scored on train[50000:]).
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+from benchmarks.workload import ROOT
+from errors import fail
+
+_CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
+_SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds to train each recipe with.')
+_SPLITS = flags.DEFINE_enum('splits', 'test', ['test', 'validation'],
+                            'test: train on train, score test; validation: the held-out split.')
+_RECIPES = flags.DEFINE_list('recipes', ['config', 'conventional'],
+                             'config: the config as it is; conventional: see the docstring.')
+_OVERRIDES = flags.DEFINE_list('overrides', [], 'More FIELD=VALUE for every run, e.g. num_epochs=2.')
+
+RECIPES = {
+    'config': [],
+    'conventional': ['optimizer=adam', 'learning_rate=0.001', 'schedule=constant',
+                     'warmup_epochs=0', 'model.dropout_rate=0', 'data.max_shift=0'],
+}
+
+
+def train(recipe: str, seed: str, workdir: str) -> tuple[float, float]:
+  """One run of the recipe as a user launches it: (final eval accuracy, seconds launch to exit)."""
+  fields = [*RECIPES[recipe], f'seed={seed}', *_OVERRIDES.value]
+  command = [sys.executable, 'train.py', f'--config={_CONFIG.value}:{_SPLITS.value}',
+             f'--workdir={workdir}', *(f'--config.{field}' for field in fields)]
+  start = time.perf_counter()
+  out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+  seconds = time.perf_counter() - start
+  if out.returncode != 0:
+    fail(f'{recipe} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}', 1)
+  with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
+    last = json.loads(metrics.read().splitlines()[-1])
+  return last['eval_accuracy'], seconds
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    fail(f'unexpected arguments {argv[1:]}; flags look like --seeds=0,1,2', 2)
+  unknown = set(_RECIPES.value) - RECIPES.keys()
+  if unknown:
+    fail(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}', 2)
+  print(f'{_CONFIG.value}:{_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
+  print(f'{"recipe":<14}{"seed":>6}{"eval accuracy":>16}{"seconds":>10}', flush=True)
+  for recipe in _RECIPES.value:
+    accuracies = []
+    for seed in _SEEDS.value:
+      with tempfile.TemporaryDirectory() as workdir:
+        accuracy, seconds = train(recipe, seed, workdir)
+      accuracies.append(accuracy)
+      print(f'{recipe:<14}{seed:>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}', flush=True)
+    print(f'{recipe:<14}{"mean":>6}{100 * statistics.mean(accuracies):>15.2f}%', flush=True)
+
+
+if __name__ == '__main__':
+  app.run(main)
