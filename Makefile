@@ -4,12 +4,16 @@ PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
 
-.PHONY: train test test-fast test-numbers-other-cpu clean-env
+.PHONY: train test test-fast test-numbers-other-cpu lint clean-env
 
 $(VENV)/installed: requirements.txt
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet --upgrade pip
 	$(PYTHON) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(VENV)/installed-dev: $(VENV)/installed requirements-dev.txt
+	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
 train: $(VENV)/installed
@@ -25,6 +29,11 @@ test-fast: $(VENV)/installed
 # The numeric-contract tests as XLA compiles them for an older x86 instruction set (other float bits).
 test-numbers-other-cpu: $(VENV)/installed
 	XLA_FLAGS="$(XLA_FLAGS) --xla_cpu_max_isa=SSE4_2" $(PYTHON) -m pytest -q -n auto --dist=loadfile -m numeric
+
+# ruff (pyflakes, pycodestyle) over the repository and mypy over the code; settings in pyproject.toml.
+lint: $(VENV)/installed-dev
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
 
 clean-env:
 	rm -rf $(VENV)

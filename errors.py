@@ -46,11 +46,16 @@ def _os_reason(text: str) -> str:
   return (text.strip().splitlines() or [''])[0][:160]
 
 
-def write_failed(path: str, error: Exception) -> UserError:
-  """A write the machine refused (full disk, lost permission, I/O error), as the user's one line."""
+def write_failed(path: str, error: Exception, saved: bool | None = None) -> UserError:
+  """A write the machine refused (full disk, lost permission, I/O error), as the user's one line.
+
+  `saved`: whether a checkpoint is there to resume from; None where the writer cannot tell.
+  """
   reason = getattr(error, 'strerror', None) or _os_reason(str(error))
+  then = {True: ' to resume from the newest checkpoint',
+          False: ' to start again: no checkpoint was saved', None: ''}[saved]
   return UserError(f'cannot write {path} ({reason}); free space or restore access there, then '
-                   'rerun the same command to resume from the newest checkpoint')
+                   f'rerun the same command{then}')
 
 
 def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:

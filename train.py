@@ -3,17 +3,47 @@
 import functools
 import os
 import re
+import shlex
 import sys
+import traceback
+from collections.abc import Callable
 
+import ml_collections
 from absl import app
 from absl import flags
 from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from errors import ConfigError, UserError, fail
+
+
+class ConfigFileFailed(Exception):
+  """The config file's own code raised: one line naming the exception and the file."""
+
+
+class ConfigFileParser(ConfigFileFlagParser):
+  """ml_collections' loader, keeping an exception of the file's code apart from override typos."""
+
+  def parse(self, path):
+    try:
+      return super().parse(path)
+    except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
+      # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
+      cause = error.__context__ if 'Error whilst parsing' in str(error) else error
+      file = os.path.abspath(path.split(':', 1)[0])
+      lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
+               if os.path.abspath(f.filename) == file]
+      where = f'{file}, line {lines[-1]}' if lines else file
+      text = ' '.join(str(cause).split())
+      raise ConfigFileFailed(f'the config file raised {type(cause).__name__}'
+                             f'{": " + text if text else ""} ({where}); fix it, or pass '
+                             '--config=configs/default.py') from None
+
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
     lock_config=True)
+flags.FLAGS['config'].parser = ConfigFileParser('config', lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
     '(default: checkpoints/<config file name>).')
@@ -32,13 +62,36 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _INIT_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300, 'Seconds to wait for every process to join before giving up.',
     lower_bound=1)
+_PRINT_CONFIG = flags.DEFINE_bool(
+    'print_config', False, 'Print every field of the config, with the overrides applied, as the '
+    'flags that set them, then exit without training.')
+_COMPILATION_CACHE = flags.DEFINE_string(
+    'compilation_cache', None, 'Folder of compiled programs that later launches load instead of '
+    'compiling (default: $JAX_COMPILATION_CACHE_DIR if set, else '
+    '$XDG_CACHE_HOME/mnist-mlp/jax-compilation-cache, XDG_CACHE_HOME defaulting to ~/.cache); '
+    'off: compile every program.')
+
+
+HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
+
+
+def config_flag_lines(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+  """Each field of the config as the flag that sets it to its value, for --print_config."""
+  lines = []
+  for name, value in sorted(config.items()):
+    if isinstance(value, ml_collections.ConfigDict):
+      lines += config_flag_lines(value, f'{prefix}{name}.')
+    else:
+      lines.append(f'--config.{prefix}{name}='
+                   f'{shlex.quote(value if isinstance(value, str) else repr(value))}')
+  return lines
 
 
 def _unknown_field(error: Exception) -> str:
   """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
   text = str(error.args[0]) if error.args else str(error)
-  name = re.search(r"'([\w.]+)", text)
-  name = name.group(1) if name else text.split()[0]
+  found = re.search(r"'([\w.]+)", text)
+  name = found.group(1) if found else text.split()[0]
   suggestion = re.search(r'Did you mean "([^"]+)"', text)
   hint = f'did you mean {suggestion.group(1)!r}?' if suggestion else 'check the name in the config file'
   return f'the config has no field {name!r}; {hint}'
@@ -47,16 +100,21 @@ def _unknown_field(error: Exception) -> str:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
-    rest = flags.FLAGS(argv)
+    try:
+      rest = flags.FLAGS(argv)
+    except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
+      sys.exit(0 if set(argv) & HELP_FLAGS else done.code)
     if flags.FLAGS['verbosity'].using_default_value:
       # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
       # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
-      flags.FLAGS.verbosity = -1
+      flags.FLAGS.verbosity = -1  # type: ignore[assignment]
     config = _CONFIG.value
     if config is not None:
       config.keys()  # A config file that failed to load raises on first use: make that use here.
   except flags.Error as error:
     fail(f'{error}; run python train.py --helpshort for the flags', 2)
+  except ConfigFileFailed as error:
+    fail(str(error), 2)
   except (AttributeError, KeyError) as error:
     fail(_unknown_field(error), 2)
   except OSError as error:
@@ -78,6 +136,11 @@ def default_workdir() -> str:
   return os.path.join(os.path.dirname(os.path.abspath(__file__)), 'checkpoints', name)
 
 
+def this_command() -> str:
+  """The command line that started this process, as a shell would take it back."""
+  return shlex.join([sys.executable, *sys.argv])
+
+
 def advice(error: UserError) -> str:
   """The error's one line, with a config field's fix in flag syntax."""
   if isinstance(error, ConfigError):
@@ -85,23 +148,36 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
-def main(argv: list[str]) -> None:
-  del argv
+def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
+  """Checks the config, joins the other processes and sets up the compilation cache, before any
+  computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
   # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
-  from trainer import config_checks, processes
-  config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
+  from trainer import compile_cache, config_checks, processes, reporting
   try:
     config_checks.validate(config)
-    # Before any computation: jax.distributed.initialize refuses after that.
     processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                    detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
                    # From a watchdog thread, where sys.exit would end only the thread.
                    give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
     fail(advice(error), 1)
-  from trainer import evaluation, loop, preemption
+  warn = functools.partial(reporting.warn, enabled=processes.is_primary())
+  compile_cache.enable(_COMPILATION_CACHE.value, warn)
+  return warn
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
+  if _PRINT_CONFIG.value:
+    from trainer import reporting  # pylint: disable=g-import-not-at-top
+    reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
+    return
+  warn = prepare(config)
+  # pylint: disable=g-import-not-at-top
+  from trainer import compile_cache, evaluation, loop, preemption
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
-  with preemption.StopRequest() as stop_request:
+  with preemption.StopRequest() as stop_request, compile_cache.one_warning(warn):
     try:
       if config.eval_only:
         evaluation.evaluate_checkpoint(config, workdir)
@@ -110,11 +186,11 @@ def main(argv: list[str]) -> None:
     except UserError as error:
       fail(advice(error), 1)
     except preemption.Preempted as stopped:
-      print(stopped, file=sys.stderr, flush=True)
+      print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
       sys.exit(stopped.exit_status)
     except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
-      fail('interrupted before the next checkpoint; rerun the same command to resume from the '
-           'newest one', 130)
+      fail('interrupted before the next checkpoint; resume from the newest one with: '
+           f'{this_command()}', 130)
 
 
 if __name__ == '__main__':

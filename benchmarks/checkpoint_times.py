@@ -96,12 +96,14 @@ def time_restores(checkpoints: checkpoint.Checkpoints, template: steps.TrainStat
   for _ in range(REPEATS.value):
     start = time.perf_counter()
     restored = checkpoints.restore(template)
+    assert restored is not None, 'the checkpoint just saved'
     restores.append(time.perf_counter() - start)
     start = time.perf_counter()
     checkpoint.fingerprint(jax.device_get(
         checkpoint.saved_tree(restored.state, jax.random.key_data(run_key))))
     fingerprints.append(time.perf_counter() - start)
-  return restores, fingerprints, restored.epoch
+    epoch = restored.epoch
+  return restores, fingerprints, epoch
 
 
 def measure(data_dir: str) -> None:

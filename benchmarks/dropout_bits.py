@@ -47,7 +47,7 @@ def time_variants(config: ml_collections.ConfigDict, examples: Examples,
                             model_dropout.mesh)
   runs = {'model dropout (a word per 4 units)': model_dropout,
           'nn.Dropout (a word per unit)': workload.TrainerRun(config, examples, state)}
-  seconds = {name: [] for name in runs}
+  seconds: dict[str, list[float]] = {name: [] for name in runs}
   for number in range(repeats + 1):
     for name, run in runs.items():
       epoch_seconds = run.epoch(number)[0]

@@ -65,7 +65,7 @@ def kill_after(workdir: pathlib.Path, seconds: float, from_first_epoch: bool) ->
   with subprocess.Popen(_command(workdir), cwd=workload.ROOT, stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL, text=True) as process:
     seen = ''
-    for line in process.stdout if from_first_epoch else ():
+    for line in (process.stdout or ()) if from_first_epoch else ():
       seen += line
       if line.startswith('epoch '):
         break
@@ -84,10 +84,10 @@ def timed_run(workdir: pathlib.Path) -> tuple[float, float]:
   start, first_epoch = time.perf_counter(), None
   with subprocess.Popen(_command(workdir), cwd=workload.ROOT, stdout=subprocess.PIPE,
                         stderr=subprocess.DEVNULL, text=True) as process:
-    for line in process.stdout:
+    for line in process.stdout or ():
       if first_epoch is None and line.startswith('epoch '):
         first_epoch = time.perf_counter() - start
-  if process.returncode:
+  if process.returncode or first_epoch is None:
     raise SystemExit(f'error: the uninterrupted run failed (exit status {process.returncode})')
   return first_epoch, time.perf_counter() - start
 

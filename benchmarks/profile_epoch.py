@@ -42,7 +42,7 @@ def compiled_ops(trainer: workload.TrainerRun) -> dict[str, tuple[str, str]]:
 def _named_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
   """Parses instructions per computation. Copies and other ops XLA adds carry no op_name: they
   take their computation's, when all its named ops fall in one group (a loop inside dropout)."""
-  computations = collections.defaultdict(list)
+  computations: dict[str, list[tuple[str, str, str]]] = collections.defaultdict(list)
   current = ''
   for line in hlo_text.splitlines():
     if line and not line.startswith(' ') and line.rstrip().endswith('{'):
@@ -52,9 +52,9 @@ def _named_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
     if not match and ' = (' in line:  # A tuple-shaped result: (s32[], f32[...]) while(...)
       match = re.match(r'^\s*(?:ROOT )?%?([\w.\-]+) = \(.*?\) ([a-z][\w\-]*)\(', line)
     if match:
-      op_name = re.search(r'op_name="([^"]*)"', line)
+      found = re.search(r'op_name="([^"]*)"', line)
       computations[current].append((match.group(1), match.group(2),
-                                    op_name.group(1) if op_name else ''))
+                                    found.group(1) if found else ''))
   ops = {}
   for instructions in computations.values():
     named = [op_name for _, opcode, op_name in instructions if op_name]
@@ -93,7 +93,7 @@ def op_times(trace_dir: str, ops: dict[str, tuple[str, str]]) -> collections.Cou
   paths = glob.glob(f'{trace_dir}/**/*.xplane.pb', recursive=True)
   if not paths:
     raise UserError(f'the profiler wrote no trace under {trace_dir}; check that folder is writable')
-  totals = collections.Counter()
+  totals: collections.Counter[str] = collections.Counter()
   for plane in jax.profiler.ProfileData.from_file(paths[0]).planes:
     for line in plane.lines:
       for event in line.events:
@@ -111,7 +111,7 @@ def report(totals: collections.Counter, ops: dict[str, tuple[str, str]], seconds
   epochs = len(seconds)
   per_epoch_ms = lambda ns: ns / epochs / 1e6
   op_total = sum(totals.values())
-  groups = collections.Counter()
+  groups: collections.Counter[str] = collections.Counter()
   for name, ns in totals.items():
     groups[category(*ops[name]) if name in ops else 'not matched to the program'] += ns
   lines = [

@@ -4,6 +4,7 @@
       [--parallel=jit|mesh|pmap] [--dtype=float32|bfloat16]
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
       python -m benchmarks.throughput --compare_modes=jit,mesh,pmap [--batch_size=128]
+  python -m benchmarks.throughput --only_startup
 
 Times (1) the trainer's own epoch (the run set-up's compiled scan over device-resident data),
 (2) the conventional loop of google/flax examples/mnist (a jitted step per batch, fed host numpy
@@ -12,7 +13,8 @@ alone at the same shapes, and (4) a large matmul in the compute dtype, turned in
 images/s by the MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from the same state,
 compared to prove they do the same training. Then each repetition times one epoch of (1) to (3)
 and one matmul, interleaved, so load from other processes hits all of them alike. A fresh
-`python train.py` on the idx files gives the start-up time. Prints a table, then one JSON line.
+`python train.py` on the idx files gives the start-up time, launched twice on one new compilation
+cache: first compiling, then loading the programs. Prints a table, then one JSON line.
 
 --compare_modes instead times the trainer's epoch under each parallel mode named, in turn per
 repetition, and prints each mode's median epoch time and images/s and the mesh / pmap ratio.
@@ -28,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -48,7 +52,9 @@ from mlp import batches
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
 _STARTUP = flags.DEFINE_bool('startup', True, 'Also time a fresh `python train.py` on the idx '
-                             'split train[:8000] from process start to its first epoch.')
+                             'split train[:8000] from process start to its first epoch, twice on '
+                             'one new compilation cache.')
+_ONLY_STARTUP = flags.DEFINE_bool('only_startup', False, 'Time only the two launches of --startup.')
 
 _COMPARE_MODES = flags.DEFINE_list(
     'compare_modes', [], 'Instead of the table above: the trainer\'s epoch under these parallel '
@@ -58,6 +64,7 @@ _COMPARE_MODES = flags.DEFINE_list(
 STARTUP_TRAIN_SPLIT, STARTUP_EVAL_SPLIT = 'train[:8000]', 'test[:2000]'
 MIN_REPEATS = 5
 MODES = ('jit', 'mesh', 'pmap')
+TIMINGS = ('epoch_seconds', 'train_images_per_second')  # A record's fields that vary run to run.
 WITHOUT_DATA = '--data=synthetic --nostartup'  # The flags that run this script without MNIST files.
 
 
@@ -89,7 +96,7 @@ class LoopRun:
     return seconds, steps.summarize(sums)
 
   @property
-  def params(self) -> dict:
+  def params(self) -> Mapping[str, Any]:
     """The parameters after the epochs run so far, to compare with the trainer's."""
     return self._state.params
 
@@ -149,33 +156,51 @@ class MatmulRun:
     return self._flops / (time.perf_counter() - start)
 
 
-def measure_startup(batch_size: int, data_dir: str) -> dict[str, float | bool]:
-  """Seconds from launching `python train.py` on idx data to its first epoch line, and the modules
-  it imported on the way (as `python -X importtime` lists them): TensorFlow must not be one."""
-  overrides = {'data.source': 'idx', 'data.dir': data_dir, 'data.train_split': STARTUP_TRAIN_SPLIT,
-               'data.eval_split': STARTUP_EVAL_SPLIT, 'num_epochs': 1, 'batch_size': batch_size}
-  with tempfile.TemporaryDirectory() as workdir:
-    command = [sys.executable, '-X', 'importtime', 'train.py', '--config=configs/default.py',
-               *[f'--config.{k}={v}' for k, v in overrides.items()], f'--workdir={workdir}']
-    stderr_path = pathlib.Path(workdir) / 'stderr.txt'
-    seconds, compiled = None, None
-    with open(stderr_path, 'w', encoding='utf-8') as stderr:
-      start = time.perf_counter()
-      with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr,
-                            text=True) as process:
-        for line in process.stdout:
-          compiled = compiled or re.search(r'compiled in ([\d.]+)s', line)
-          if seconds is None and line.startswith('epoch 1/1'):
-            seconds = time.perf_counter() - start
-    lines = stderr_path.read_text(encoding='utf-8').splitlines()
+def _launch(command: list[str], workdir: str) -> dict:
+  """One `python train.py` from process start: seconds to its first epoch line, its compile
+  seconds, its stderr lines and its metrics records."""
+  stderr_path = pathlib.Path(workdir) / 'stderr.txt'
+  seconds, compiled = None, None
+  with open(stderr_path, 'w', encoding='utf-8') as stderr:
+    start = time.perf_counter()
+    with subprocess.Popen([*command, f'--workdir={workdir}'], cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=stderr, text=True) as process:
+      for line in process.stdout or ():
+        compiled = compiled or re.search(r'compiled in ([\d.]+)s', line)
+        if seconds is None and line.startswith('epoch 1/1'):
+          seconds = time.perf_counter() - start
+  lines = stderr_path.read_text(encoding='utf-8').splitlines()
   if process.returncode != 0 or seconds is None:
     errors = [l for l in lines if not l.startswith('import time:')]
     raise UserError(f'the start-up run of train.py failed ({errors[-1] if errors else "no output"})'
                     '; check --data_dir, or pass --nostartup')
-  modules = {l.rsplit('|', 1)[-1].strip() for l in lines if l.startswith('import time:')}
+  records = (pathlib.Path(workdir) / 'metrics.jsonl').read_text(encoding='utf-8').splitlines()
+  return {'seconds': seconds, 'compile_seconds': float(compiled.group(1)) if compiled else None,
+          'stderr': lines, 'records': [json.loads(r) for r in records]}
+
+
+def measure_startup(batch_size: int, data_dir: str) -> dict[str, float | bool]:
+  """Seconds from launching `python train.py` on idx data to its first epoch line, twice on one
+  fresh compilation cache (the second launch loads what the first compiled), whether both trained
+  the same numbers, and the modules the first imported (`python -X importtime`): TensorFlow must
+  not be one."""
+  overrides = {'data.source': 'idx', 'data.dir': data_dir, 'data.train_split': STARTUP_TRAIN_SPLIT,
+               'data.eval_split': STARTUP_EVAL_SPLIT, 'num_epochs': 1, 'batch_size': batch_size}
+  with tempfile.TemporaryDirectory() as folder:
+    command = [sys.executable, '-X', 'importtime', 'train.py', '--config=configs/default.py',
+               *[f'--config.{k}={v}' for k, v in overrides.items()],
+               f'--compilation_cache={folder}/cache']
+    first, second = (_launch(command, tempfile.mkdtemp(dir=folder)) for _ in range(2))
+    entries = len(list(pathlib.Path(folder, 'cache').glob('*-cache')))
+  modules = {l.rsplit('|', 1)[-1].strip() for l in first['stderr'] if l.startswith('import time:')}
   modules.discard('imported package')  # The column header.
-  return {'seconds': seconds, 'modules_imported': len(modules),
-          'compile_seconds': float(compiled.group(1)) if compiled else None,
+  timeless = lambda launch: [{k: v for k, v in r.items() if k not in TIMINGS}
+                             for r in launch['records']]
+  return {'seconds': first['seconds'], 'modules_imported': len(modules),
+          'compile_seconds': first['compile_seconds'], 'cached_seconds': second['seconds'],
+          'cached_compile_seconds': second['compile_seconds'], 'cache_entries': entries,
+          'cached_over_first': second['seconds'] / first['seconds'],
+          'same_numbers_cached': timeless(first) == timeless(second),
           'tensorflow_imported': any(m.split('.')[0] == 'tensorflow' for m in modules)}
 
 
@@ -269,11 +294,15 @@ def _table(figures: dict, config: ml_collections.ConfigDict, description: str,
 
 
 def _startup_line(startup: dict[str, float | bool]) -> str:
-  """How long a user waits for `python train.py`'s first epoch, and what it imported."""
-  compile_note = (f', {startup["compile_seconds"]:.1f}s of it compiling'
-                  if startup['compile_seconds'] is not None else '')
+  """How long a user waits for `python train.py`'s first epoch, first and second launch."""
+  compiled = lambda key: (f', {startup[key]:.1f}s of it compiling'
+                          if startup[key] is not None else '')
   return (f'start-up: {startup["seconds"]:.2f}s from launching `python train.py` (idx, '
-          f'{STARTUP_TRAIN_SPLIT}) to its first epoch line{compile_note}; '
+          f'{STARTUP_TRAIN_SPLIT}) to its first epoch line{compiled("compile_seconds")}, on a '
+          f'fresh compilation cache; relaunched on the {startup["cache_entries"]} programs cached, '
+          f'{startup["cached_seconds"]:.2f}s{compiled("cached_compile_seconds")} '
+          f'({startup["cached_over_first"]:.0%} of the first), numbers '
+          f'{"bit-identical" if startup["same_numbers_cached"] else "DIFFERENT"}; '
           f'{startup["modules_imported"]:,} modules imported, TensorFlow '
           f'{"among them" if startup["tensorflow_imported"] else "not"}')
 
@@ -293,6 +322,10 @@ def _summary(figures: dict, config: ml_collections.ConfigDict, description: str,
       'tensorflow_imported_at_startup': from_startup('tensorflow_imported'),
       'modules_imported_at_startup': from_startup('modules_imported'),
       'startup_compile_seconds': from_startup('compile_seconds'),
+      'startup_seconds_cached': from_startup('cached_seconds'),
+      'startup_cached_over_first': from_startup('cached_over_first'),
+      'startup_cache_entries': from_startup('cache_entries'),
+      'startup_same_numbers_cached': from_startup('same_numbers_cached'),
       'matmuls_alone_images_per_second': figures['matmuls_alone']['median'],
       'spread': {k: figures[k] for k in ('trainer', 'loop', 'matmuls_alone', 'ceiling',
                                          'ratio_vs_loop', 'fraction_of_ceiling',
@@ -343,14 +376,15 @@ def mode_runs(config: ml_collections.ConfigDict, examples: Examples,
 def time_modes(runs: dict[str, workload.TrainerRun], repeats: int) -> dict:
   """Each mode's epoch milliseconds and images/s, the modes taking turns each repetition so load
   from other processes hits all alike."""
-  milliseconds = {mode: [] for mode in runs}
+  milliseconds: dict[str, list[float]] = {mode: [] for mode in runs}
   for epoch in range(2, repeats + 2):
     for mode, trainer in runs.items():
       milliseconds[mode].append(1e3 * trainer.epoch(epoch)[0])
-  modes = {mode: {'placement': trainer.placement, 'epoch_ms': spread(milliseconds[mode]),
-                  'images_per_second': 1e3 * trainer.images_per_epoch /
-                                       statistics.median(milliseconds[mode])}
-           for mode, trainer in runs.items()}
+  modes: dict[str, dict[str, Any]] = {
+      mode: {'placement': trainer.placement, 'epoch_ms': spread(milliseconds[mode]),
+             'images_per_second': 1e3 * trainer.images_per_epoch /
+                                  statistics.median(milliseconds[mode])}
+      for mode, trainer in runs.items()}
   ratio = (modes['mesh']['epoch_ms']['median'] / modes['pmap']['epoch_ms']['median']
            if {'mesh', 'pmap'} <= set(modes) else None)
   return {'modes': modes, 'mesh_over_pmap': ratio, 'devices': jax.device_count(),
@@ -385,7 +419,10 @@ def main(argv: list[str]) -> None:
       return
     load_before = os.getloadavg()[0]
     startup = (measure_startup(config.batch_size, workload.check_data_dir(WITHOUT_DATA))
-               if _STARTUP.value else None)
+               if _STARTUP.value or _ONLY_STARTUP.value else None)
+    if _ONLY_STARTUP.value and startup:
+      print(_startup_line(startup), json.dumps(startup), sep='\n\n', flush=True)
+      return
     examples, description = workload.load_images(WITHOUT_DATA)
     figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
   except UserError as error:

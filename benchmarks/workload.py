@@ -2,6 +2,8 @@
 
 import pathlib
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from absl import flags
 import jax
@@ -125,16 +127,17 @@ class TrainerRun:
     return self._state
 
   @property
-  def params(self) -> dict:
+  def params(self) -> Mapping[str, Any]:
     """The parameters after the epochs run so far, to compare with another loop's."""
     return self._state.params
 
   def compiled_text(self) -> str:
     """The compiled training epoch as XLA text, for reading its ops' names."""
-    if not hasattr(self._run.programs.train, 'as_text'):
+    train = self._run.programs.train
+    if train is None or not hasattr(train, 'as_text'):
       raise UserError(f'{self.placement}: pmap keeps its compiled program to itself; '
                       'use --parallel=jit or --parallel=mesh')
-    return self._run.programs.train.as_text()
+    return train.as_text()
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -147,5 +150,5 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(f'unexpected arguments {rest[1:]}; flags look like --batch_size=256', 2)
   if flags.FLAGS['verbosity'].using_default_value:
     # Warnings and errors only, as in train.py; set, since app.run raises an unset one to info.
-    flags.FLAGS.verbosity = -1
+    flags.FLAGS.verbosity = -1  # type: ignore[assignment]
   return rest

@@ -88,6 +88,6 @@ def load_tfds(split: str, manual_dir: str = '', data_dir: str = '') -> tuple[np.
                       f'{OFFLINE_HELP}') from error
   dataset = builder.as_dataset(split=split, batch_size=10_000, as_supervised=True,
                                shuffle_files=False)
-  images, labels = zip(*tfds.as_numpy(dataset))
-  images = np.concatenate(images).reshape(-1, 28, 28).astype(np.uint8)
-  return images, np.concatenate(labels).astype(np.int32)
+  image_batches, label_batches = zip(*tfds.as_numpy(dataset))
+  images = np.concatenate(image_batches).reshape(-1, 28, 28).astype(np.uint8)
+  return images, np.concatenate(label_batches).astype(np.int32)

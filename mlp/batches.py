@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 # Per-pixel statistics of the MNIST training set, to centre the inputs.
 PIXEL_MEAN, PIXEL_STD = 0.1307, 0.3081
@@ -12,7 +13,8 @@ def epoch_permutation(seed_key: jax.Array, epoch: jax.Array, num_examples: int) 
   return jax.random.permutation(jax.random.fold_in(seed_key, epoch), num_examples)
 
 
-def shard_steps(order: jax.Array, batch_size: int, num_shards: int, shard: jax.Array) -> jax.Array:
+def shard_steps(order: jax.Array, batch_size: int, num_shards: int,
+                shard: jax.Array | int) -> jax.Array:
   """This shard's example indices per step, [steps, batch_size // num_shards]; drops the remainder.
 
   The global batch of step s is order[s * batch_size:(s + 1) * batch_size], split into num_shards
@@ -65,7 +67,7 @@ def standardize(pixels: jax.Array) -> jax.Array:
   return (pixels - PIXEL_MEAN) / PIXEL_STD
 
 
-def gather(images: jax.Array, labels: jax.Array, indices: jax.Array,
+def gather(images: ArrayLike, labels: ArrayLike, indices: jax.Array,
            offsets: jax.Array | None = None, max_shift: int = 0) -> dict[str, jax.Array]:
   """A batch of normalized float32 images [B, 784] and int32 labels [B] from resident uint8 data."""
   pixels = to_unit(jnp.take(images, indices, axis=0))

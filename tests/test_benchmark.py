@@ -100,12 +100,16 @@ def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
 
 
 @pytest.mark.slow
-def test_startup_is_a_real_train_py_launch_without_tensorflow(tiny_run):
+def test_startup_is_two_real_train_py_launches_without_tensorflow(tiny_run):
   figures = tiny_run[1]
   assert 0.5 < figures['startup_seconds'] < 300
   assert 0 < figures['startup_compile_seconds'] < figures['startup_seconds']
   assert figures['modules_imported_at_startup'] > 100  # jax, flax, optax...: the list was read.
   assert figures['tensorflow_imported_at_startup'] is False
+  # Relaunched on the programs the first launch cached: the same numbers (timings prove nothing).
+  assert figures['startup_cache_entries'] >= 3 and figures['startup_same_numbers_cached'] is True
+  assert figures['startup_cached_over_first'] == pytest.approx(
+      figures['startup_seconds_cached'] / figures['startup_seconds'])
 
 
 @pytest.mark.slow

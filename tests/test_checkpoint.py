@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -100,7 +101,8 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
   config = make_config(**SMALL)
   with pytest.raises(Preempted) as stopped:
     loop.train_and_evaluate(config, str(tmp_path), should_stop=stop_after(1))
-  assert 'after epoch 1' in str(stopped.value) and 'rerun the same command' in str(stopped.value)
+  assert str(stopped.value) == (
+      f'stopped by SIGTERM after epoch 1, whose checkpoint is saved in {tmp_path}')
   assert stopped.value.exit_status == 128 + signal.SIGTERM
   assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
 
@@ -321,7 +323,7 @@ def test_sigterm_saves_exits_with_a_resume_hint_and_the_rerun_ends_exactly(long_
   assert process.returncode == 128 + signal.SIGTERM, stderr
   lines = stderr.strip().splitlines()
   assert len(lines) == 1 and 'stopped by SIGTERM after epoch' in lines[0], stderr
-  assert 'rerun the same command to resume' in lines[0]
+  assert lines[0].endswith('; resume with: ' + shlex.join(process.args)), lines[0]
   stopped_at = len(read_metrics(tmp_path))
   assert stopped_at < LONG['num_epochs'] and saved_epochs(tmp_path)[-1] == stopped_at
 
@@ -415,6 +417,21 @@ def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tin
   assert_same_params(workdir, reference, make_config(**TINY_DISK_RUN))
   assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(reference))
   assert before  # The older checkpoint was complete when the disk filled.
+
+
+@pytest.mark.slow
+def test_a_disk_full_before_any_checkpoint_promises_none_and_leaves_no_partial_save(tiny_disk):
+  workdir = tiny_disk / 'run'  # 2 MB: epoch 1's metrics fit, the 512-512 MLP's checkpoint not.
+  out = run_train(CONFIG, f'--workdir={workdir}', *override_flags(
+      num_epochs=1, data__train_split='test[:2000]'))
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() in ([
+      f'error: cannot write {workdir} ({reason}); free space or restore access there, then rerun '
+      'the same command to start again: no checkpoint was saved']
+      for reason in ('No space left on device', 'No space left on device, or over quota')), (
+          out.stderr)
+  assert [r['epoch'] for r in read_metrics(workdir)] == [1]
+  assert sorted(p.name for p in workdir.iterdir() if p.is_dir()) == []
 
 
 def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(small_run, tmp_path,

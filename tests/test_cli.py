@@ -2,13 +2,16 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 import train
 from errors import UserError
-from tests.conftest import ROOT, assert_fails_cleanly, make_config, override_flags, run_train
-from trainer import config_checks
+from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
+                            run_train)
+from trainer import checkpoints, config_checks
 from trainer import loop
 
 CONFIG = '--config=configs/default.py'
@@ -42,6 +45,8 @@ BAD_INPUTS = {
     'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
     'no config flag': ([], 'no config given'),
     'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
+    'unknown splits after the config file': (['--config=configs/default.py:nope'],
+                                             "unknown splits 'nope'"),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)],
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
     'missing data folder': ([CONFIG, *override_flags(data__dir='/nonexistent/mnist')],
@@ -70,6 +75,8 @@ BAD_CONFIGS = {
     'negative epochs': (dict(num_epochs=-1), 'num_epochs', '-1', '--config.num_epochs=N'),
     'negative profile epoch': (dict(profile_epoch=-2), 'profile_epoch', '-2',
                                '--config.profile_epoch='),
+    'profile epoch past the last': (dict(profile_epoch=5, num_epochs=1), 'profile_epoch', '5',
+                                    '--config.profile_epoch=1'),
     'batch larger than the split': (dict(batch_size=8001), 'batch_size', '8001',
                                     '--config.batch_size=8000'),
 }
@@ -83,6 +90,50 @@ def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
   line = train.advice(error.value)
   assert line.startswith(f'{field} ') and f'got {value}' in line and f'pass {fix}' in line, line
   assert '\n' not in line
+
+
+def test_a_config_file_that_raises_is_one_line_naming_the_exception_and_the_file(tmp_path):
+  """Never mistaken for an override's typo ("the config has no field 'lr'")."""
+  config_file = tmp_path / 'broken.py'
+  config_file.write_text('def get_config():\n  return {}["lr"]\n')
+  assert_fails_cleanly([f'--config={config_file}'], f"error: the config file raised KeyError: 'lr' "
+                       f'({config_file}, line 2); fix it, or pass --config=configs/default.py',
+                       tmp_path / 'run')
+
+
+def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_path):
+  config_file = tmp_path / 'broken.py'
+  config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
+  with pytest.raises(train.ConfigFileFailed) as error:
+    train.ConfigFileParser('config').parse(str(config_file))
+  assert str(error.value) == (
+      f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
+      'pass --config=configs/default.py')
+
+
+def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp_path, mnist_dir):
+  """`python train.py ... | head -1`: the rest of the log goes nowhere; the run saves its work."""
+  stderr_path = tmp_path / 'stderr.txt'
+  with open(stderr_path, 'w', encoding='utf-8') as stderr, subprocess.Popen(
+      [sys.executable, 'train.py', CONFIG, *override_flags(num_epochs=2), f'--workdir={tmp_path}'],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True) as process:
+    assert process.stdout.readline().startswith('training on ')
+    process.stdout.close()  # Before the epochs' lines.
+    assert process.wait(timeout=300) == 0
+  assert stderr_path.read_text() == ''
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
+  assert (tmp_path / '2').is_dir()  # The last epoch's checkpoint.
+
+
+def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides():
+  assert run_train('--helpshort').returncode == 0
+  out = run_train(CONFIG, '--config.model.hidden_sizes=(64,)', '--config.data.dir=a b',
+                  '--print_config')
+  assert out.returncode == 0 and out.stderr == ''
+  lines = out.stdout.splitlines()
+  assert len(lines) == len(checkpoints.flat_config(make_config()))
+  assert "--config.model.hidden_sizes='(64,)'" in lines and "--config.data.dir='a b'" in lines
+  assert '--config.learning_rate=0.002' in lines and "--config.data.tfds_data_dir=''" in lines
 
 
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):

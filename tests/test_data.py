@@ -1,7 +1,6 @@
 """The data layer: split syntax, checksummed IDX reading, and the on-device batch plan."""
 
 import gzip
-import shutil
 import subprocess
 import sys
 

@@ -25,7 +25,8 @@ def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
         pass
   assert f'host {socket.gethostname()}, pid {os.getpid()}' in str(error.value)
   assert f'the run directory {tmp_path} is in use by a training run' in str(error.value)
-  with RunLock(str(tmp_path)):  # Released on exit: the next holder is welcome.
+  assert (tmp_path / LOCK_FILE).read_text() == ''  # Released on exit, naming nobody,
+  with RunLock(str(tmp_path)):  # and the next holder is welcome.
     assert (tmp_path / LOCK_FILE).read_text() == (
         f'host {socket.gethostname()}, pid {os.getpid()}\n')
 

@@ -2,14 +2,16 @@
 
 import gzip
 import json
+import struct
 
 import jax
 import numpy as np
 import pytest
+from tensorboardX.proto.event_pb2 import Event
 
 from data.mnist import load_split
 from trainer.run_setup import make_mesh, set_up_run
-from mlp import steps
+from mlp import optim, steps
 from trainer import loop
 from tests.conftest import make_config, read_metrics
 
@@ -17,18 +19,39 @@ from tests.conftest import make_config, read_metrics
 SMALL = dict(num_epochs=2, data__train_split='train[:2000]', data__eval_split='test[8000:]')
 
 
+def read_events(path) -> list[Event]:
+  """A TensorBoard events file's records (TFRecords: length, its CRC, data, the data's CRC)."""
+  data, events, at = path.read_bytes(), [], 0
+  while at < len(data):
+    (size,) = struct.unpack('<Q', data[at:at + 8])
+    events.append(Event.FromString(data[at + 12:at + 12 + size]))
+    at += 12 + size + 4
+  return events
+
+
 def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_path, capsys,
                                                                          mnist_dir):
-  record = loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+  config = make_config(**SMALL)
+  record = loop.train_and_evaluate(config, str(tmp_path))
   records = read_metrics(tmp_path)
   assert records[-1] == record
   assert set(record) == {'epoch', 'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
-                         'epoch_seconds', 'train_images_per_second'}
+                         'epoch_seconds', 'train_images_per_second', 'learning_rate'}
   assert all(isinstance(v, float) for k, v in record.items() if k != 'epoch')
   # 2,000 images at batch 128: 15 full steps, 1,920 images trained per epoch.
   assert record['train_images_per_second'] * record['epoch_seconds'] >= 1920 * 0.99
-  assert list(tmp_path.glob('events.out.tfevents.*'))
-  lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('epoch ')]
+  # The rate of each epoch's last step: warmup ends at step 15, cosine decays to 0 at step 30.
+  schedule = optim.learning_rate_schedule(config, steps_per_epoch=15)
+  assert [r['learning_rate'] for r in records] == [float(schedule(14)), float(schedule(29))]
+  assert records[0]['learning_rate'] == pytest.approx(2e-3 * 14 / 15)
+  events = [event for path in tmp_path.glob('events.out.tfevents.*') for event in read_events(path)]
+  rates = {e.step: v.simple_value for e in events for v in e.summary.value
+           if v.tag == 'train/learning_rate'}
+  assert rates == pytest.approx({1: records[0]['learning_rate'], 2: records[1]['learning_rate']})
+  out = capsys.readouterr().out
+  assert out.startswith('training on 2,000 images (train[:2000]), evaluating on 2,000 '
+                        '(test[8000:]); 15 steps of 128 per epoch in float32, jit on 1 ')
+  lines = [l for l in out.splitlines() if l.startswith('epoch ')]
   assert len(lines) == 2 and 'ETA' in lines[0]
   assert f'{100 * record["eval_accuracy"]:6.2f}%' in lines[1]
 

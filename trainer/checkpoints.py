@@ -7,10 +7,12 @@ its state, checked after every restore, and the newest checkpoint that restores 
 
 import contextlib
 import dataclasses
+import glob
 import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -37,6 +39,7 @@ FREE_FIELDS = frozenset({
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32'}
 DAMAGED_PREFIX = 'damaged-epoch-'
+TMP_SUFFIX = '.orbax-checkpoint-tmp'  # Orbax's folders of saves not yet complete.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +145,7 @@ def _mute_orbax_noise() -> None:
       if not _from_abandoned_read(unraisable):
         previous(unraisable)
 
-    hook.mutes_orbax = True
+    hook.mutes_orbax = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
   absl_logger = logging.getLogger('absl')  # Orbax logs each failed write, with its traceback.
   if _orbax_error not in absl_logger.filters:
@@ -203,6 +206,7 @@ class Checkpoints(ClosedOnExit):
   def __init__(self, directory: str, config: ml_collections.ConfigDict, *, read_only: bool = False):
     self.directory = os.path.abspath(directory)
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
+    self._read_only = read_only
     self._config = flat_config(config)
     _mute_orbax_noise()
     # read_only: no folder created, no half-written save cleaned up (it may be a live run's).
@@ -240,7 +244,14 @@ class Checkpoints(ClosedOnExit):
     try:
       yield
     except (OSError, ValueError) as error:  # Orbax wraps the OS error in a ValueError.
-      raise write_failed(self.directory, error) from error
+      self._remove_unfinished()
+      raise write_failed(self.directory, error, saved=bool(self.epochs())) from error
+
+  def _remove_unfinished(self) -> None:
+    """Deletes the folders of saves that failed: their space back, no half checkpoint left."""
+    if not self._read_only and processes.is_primary():
+      for path in glob.glob(os.path.join(glob.escape(self.directory), f'*{TMP_SUFFIX}*')):
+        shutil.rmtree(path, ignore_errors=True)
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
@@ -251,8 +262,8 @@ class Checkpoints(ClosedOnExit):
     start = time.perf_counter()
     processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
     key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
-    target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype,
-                                                       sharding=template.step.sharding))
+    sharding = template.step.sharding  # type: ignore[union-attr]  # A ShapeDtypeStruct here.
+    target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding))
     damaged = []
     for epoch in reversed(self.epochs()):
       meta = _read_meta(self._manager, epoch, damaged)

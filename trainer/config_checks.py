@@ -38,6 +38,10 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
   for name in ('num_devices', 'profile_epoch'):
     if not _is_int(config[name]) or config[name] < 0:
       raise ConfigError(name, 'must be an integer >= 0', config[name], 'N')
+  if config.profile_epoch > config.num_epochs:
+    raise ConfigError('profile_epoch', f'must be an epoch of the run (1 to num_epochs='
+                      f'{config.num_epochs}), or 0 for no trace', config.profile_epoch,
+                      str(config.num_epochs))
   if not config.learning_rate > 0:
     raise ConfigError('learning_rate', 'must be positive', config.learning_rate, '1e-3')
   for name in ('warmup_epochs', 'weight_decay'):

@@ -10,7 +10,7 @@ from jax.sharding import Mesh
 
 from data.mnist import Examples, load_splits
 from errors import UserError
-from mlp import steps
+from mlp import optim, steps
 from trainer import evaluation
 from trainer import processes
 from trainer.checkpoints import Checkpoints, Restored
@@ -48,13 +48,13 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
     _report_resume(restored, checkpoints, reporter)
   start_epoch = restored.epoch if restored else 0
   reporter.start(start_epoch)
-  if start_epoch >= config.num_epochs:
+  if restored and start_epoch >= config.num_epochs:  # num_epochs >= 1: restored.
     return evaluation.report_finished(config, mesh, restored, examples, reporter)
   compile_start = time.perf_counter()
   run = set_up_run(config, mesh, train, examples, restored.state if restored else None)
   reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
                f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
-               f'{config.batch_size} per epoch, {run.programs.placement}; '
+               f'{config.batch_size} per epoch in {config.dtype}, {run.programs.placement}; '
                f'compiled in {time.perf_counter() - compile_start:.1f}s')
   return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
 
@@ -63,10 +63,15 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
            reporter: Reporter, start_epoch: int,
            should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
-  state, record = run.state, {}
+  state, record = run.state, dict[str, float]()
+  assert run.train_data is not None, 'set up to train'
+  steps_per_epoch = len(run.train_data[1]) // config.batch_size
+  schedule = optim.learning_rate_schedule(config, steps_per_epoch)
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
     with reporter.traced(epoch, wanted=epoch == config.profile_epoch):
       state, record = _run_epoch(run, state, epoch, config.batch_size)
+    # The rate of the epoch's last update, whose optimizer count was the number of updates before.
+    record['learning_rate'] = float(schedule(epoch * steps_per_epoch - 1))
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
@@ -90,7 +95,7 @@ def _run_epoch(run: RunSetup, state: steps.TrainState, epoch: int,
   state, train_metrics = run.train_epoch(state, epoch)
   train_seconds = time.perf_counter() - start
   eval_metrics = run.evaluate(state)
-  images = len(run.train_data[1]) // batch_size * batch_size
+  images = len(run.train_data[1]) // batch_size * batch_size  # type: ignore[index]
   return state, {
       'epoch': epoch,
       'train_loss': train_metrics['loss'],

@@ -5,16 +5,17 @@ Preemptible machines (TPU VMs, spot instances) get a SIGTERM shortly before they
 
 import signal
 import types
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(Exception):
-  """Raised once a signal-stopped run's checkpoint is on disk; says how to resume."""
+  """Raised once a signal-stopped run's checkpoint is on disk; train.py adds how to resume."""
 
   def __init__(self, signal_name: str, epoch: int, directory: str):
     super().__init__(f'stopped by {signal_name} after epoch {epoch}, whose checkpoint is saved in '
-                     f'{directory}; rerun the same command to resume')
+                     f'{directory}')
     self.exit_status = 128 + signal.Signals[signal_name].value  # The shell's status for the signal.
 
 
@@ -24,9 +25,9 @@ class StopRequest:
   A second Ctrl-C interrupts at once, as usual.
   """
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.signal_name: str | None = None
-    self._previous: dict[int, object] = {}
+    self._previous: dict[int, Any] = {}
 
   def __enter__(self) -> 'StopRequest':
     for signum in STOP_SIGNALS:

@@ -5,6 +5,7 @@ import re
 import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from errors import UserError
 
@@ -23,9 +24,9 @@ def join(coordinator_address: str | None = None, num_processes: int | None = Non
   none given. If the other processes have not all joined after `initialization_timeout` seconds,
   `give_up(message)` is called from a watchdog thread and must end the process.
   """
-  given = {name: value for name, value in (('coordinator_address', coordinator_address),
-                                           ('num_processes', num_processes),
-                                           ('process_id', process_id)) if value is not None}
+  named: dict[str, Any] = {'coordinator_address': coordinator_address,
+                           'num_processes': num_processes, 'process_id': process_id}
+  given = {name: value for name, value in named.items() if value is not None}
   if not given and not detect:
     return False
   if coordinator_address is not None and not re.fullmatch(r'\S+:\d{1,5}', coordinator_address):

@@ -19,6 +19,8 @@ from tensorboardX.summary import image, scalar
 from errors import ClosedOnExit, UserError, write_failed
 
 METRICS_FILE = 'metrics.jsonl'
+# TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.
+TAGS = {'learning_rate': 'train/learning_rate'}
 EVAL_FILE = 'eval.jsonl'  # Results of --config.eval_only=True runs.
 
 
@@ -81,6 +83,23 @@ def _make_run_directory(workdir: str) -> None:
                     'written to')
 
 
+def say(line: str, stream: TextIO) -> None:
+  """Prints a line; a reader that has gone (`python train.py | head -1`) never stops the run."""
+  try:
+    print(line, file=stream, flush=True)
+  except BrokenPipeError:
+    # Later lines, and the flush at exit, go nowhere instead of raising.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
+def warn(message: str, enabled: bool = True) -> None:
+  """Something the user should know that does not stop the run: one line on stderr."""
+  if enabled:
+    say(f'warning: {message}', sys.stderr)
+
+
 @contextlib.contextmanager
 def _writing(path: str) -> Iterator[str]:
   """Turns a refused write under `path` into the user's one line."""
@@ -106,7 +125,7 @@ class Reporter(ClosedOnExit):
     self._stream = stream or sys.stdout
     self._enabled = enabled
     self._seconds: list[float] = []
-    self._writer = None
+    self._writer: EventsWriter | None = None
     if enabled:
       _make_run_directory(workdir)
 
@@ -138,7 +157,7 @@ class Reporter(ClosedOnExit):
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
-    print(format_line(record, self._num_epochs, eta), file=self._stream, flush=True)
+    say(format_line(record, self._num_epochs, eta), self._stream)
 
   def _events_file(self, suffix: str) -> EventsWriter:
     return EventsWriter(os.path.join(self._workdir, 'events'), suffix)
@@ -160,10 +179,12 @@ class Reporter(ClosedOnExit):
       self._writer.flush()
 
   def _add_scalars(self, record: dict[str, float]) -> None:
+    assert self._writer is not None, 'written after start()'
     for name, value in record.items():
       if name != 'epoch':
         self._writer.write_event(Event(wall_time=time.time(), step=int(record['epoch']),
-                                       summary=scalar(name.replace('_', '/', 1), value)))
+                                       summary=scalar(TAGS.get(name, name.replace('_', '/', 1)),
+                                                      value)))
     self._writer.flush()
 
   @contextlib.contextmanager
@@ -180,12 +201,10 @@ class Reporter(ClosedOnExit):
 
   def log(self, message: str) -> None:
     if self._enabled:
-      print(message, file=self._stream, flush=True)
+      say(message, self._stream)
 
   def warn(self, message: str) -> None:
-    """Something the user should know that does not stop the run: one line on stderr."""
-    if self._enabled:
-      print(f'warning: {message}', file=sys.stderr, flush=True)
+    warn(message, self._enabled)
 
   def recorded(self, epoch: int) -> dict | None:
     """The newest metrics.jsonl record of `epoch`, if this process keeps the files and has one."""

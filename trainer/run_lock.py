@@ -4,6 +4,7 @@ import fcntl
 import os
 import socket
 from collections.abc import Callable
+from typing import TextIO
 
 from errors import UserError
 
@@ -23,7 +24,7 @@ class RunLock:
     self._path = os.path.join(workdir, LOCK_FILE)
     self._enabled = enabled
     self._everyone = everyone
-    self._file = None
+    self._file: TextIO | None = None
 
   def __enter__(self) -> 'RunLock':
     refusal = self._take() if self._enabled else None
@@ -52,5 +53,6 @@ class RunLock:
 
   def __exit__(self, *exc_info) -> None:
     if self._file is not None:
+      self._file.truncate(0)  # While still held: no ended run is named as if it were running.
       self._file.close()  # Closing releases the flock.
       self._file = None

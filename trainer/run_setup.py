@@ -28,6 +28,7 @@ class RunSetup:
   def train_epoch(self, state: steps.TrainState,
                   epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
     """One epoch from `state` (which it consumes); the new state and the epoch's host metrics."""
+    assert self.programs.train is not None and self.train_data is not None, 'built to evaluate only'
     state, sums = self.programs.train(state, *self.train_data, self.run_key, np.int32(epoch))
     return state, steps.summarize(jax.device_get(sums))
 
