@@ -4,6 +4,7 @@ import json
 import os
 import sys
 
+import numpy as np
 from absl import app
 from absl import flags
 
@@ -52,9 +53,8 @@ def image_files(paths: list[str]) -> list[str]:
   return files
 
 
-def read_digits(files: list[str]) -> 'np.ndarray':
+def read_digits(files: list[str]) -> np.ndarray:
   """uint8 [N, 784]: each file as an MNIST image, or a UserError naming the file that is not one."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
   from data import digit_images  # pylint: disable=g-import-not-at-top
   digits = []
@@ -73,7 +73,7 @@ def read_digits(files: list[str]) -> 'np.ndarray':
   return np.stack(digits)
 
 
-def report(files: list[str], probabilities: 'np.ndarray', as_json: bool) -> None:
+def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
   """One line per image: the digit, its probability and the runner-up."""
   width = max(len(path) for path in files)
   for path, row in zip(files, probabilities):

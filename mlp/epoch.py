@@ -76,7 +76,7 @@ def evaluate(state: steps.TrainState, images: jax.Array, labels: jax.Array, *, b
 
 def predict(state: steps.TrainState, images: jax.Array, *, batch_size: int) -> jax.Array:
   """Every example's logits [N, 10], computed in the same batches as `evaluate` scores them."""
-  indices, _ = batches.eval_steps(images.shape[0], batch_size, 1, 0)
+  indices, _ = batches.eval_steps(images.shape[0], batch_size, 1, jnp.int32(0))
 
   def body(_, step_indices):
     pixels = batches.to_unit(jnp.take(images, step_indices, axis=0))

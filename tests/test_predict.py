@@ -38,7 +38,7 @@ def photograph(pixels: np.ndarray, rng: np.random.Generator) -> Image.Image:
   scale = int(rng.integers(4, 9))
   side = 28 * scale
   ink = np.asarray(Image.fromarray(255 - pixels.reshape(28, 28)).resize((side, side),
-                                                                        Image.BICUBIC), float)
+                                                                        Image.Resampling.BICUBIC), float)
   height, width = (int(n) for n in rng.integers(side + 60, 2 * side + 100, size=2))
   page = 235 + rng.normal(0, 4, (height, width))
   top, left = int(rng.integers(0, height - side)), int(rng.integers(0, width - side))

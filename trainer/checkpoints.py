@@ -186,7 +186,7 @@ def saved_config(directory: str) -> dict[str, Any] | None:
     return None
   _mute_orbax_noise()
   options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
-  damaged = []
+  damaged: list[tuple[int, str]] = []
   with contextlib.closing(ocp.CheckpointManager(directory, item_names=(STATE, META),
                                                 options=options)) as manager:
     for epoch in sorted(manager.all_steps(), reverse=True):
@@ -264,7 +264,7 @@ class Checkpoints(ClosedOnExit):
     key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
     sharding = template.step.sharding  # type: ignore[union-attr]  # A ShapeDtypeStruct here.
     target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding))
-    damaged = []
+    damaged: list[tuple[int, str]] = []
     for epoch in reversed(self.epochs()):
       meta = _read_meta(self._manager, epoch, damaged)
       if meta is None:

@@ -32,7 +32,7 @@ def mistakes_size(count: int) -> tuple[int, int]:
   return COLUMNS * TILE_W + 2 * PAD, HEADER + rows * TILE_H + PAD
 
 
-def _font(size: int = 13) -> ImageFont.ImageFont:
+def _font(size: int = 13) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
   return ImageFont.load_default(size=size)
 
 
@@ -49,7 +49,7 @@ def draw_mistakes(images: np.ndarray, labels: np.ndarray, predicted: np.ndarray,
     left = PAD + (slot % COLUMNS) * TILE_W + PAD
     top = HEADER + (slot // COLUMNS) * TILE_H + PAD
     digit = Image.fromarray(images[index].reshape(28, 28)).resize((28 * ZOOM, 28 * ZOOM),
-                                                                Image.NEAREST)
+                                                                Image.Resampling.NEAREST)
     page.paste(digit.convert('RGB'), (left, top))
     draw.text((left + 28 * ZOOM // 2, top + 28 * ZOOM + 2), f'{labels[index]} as {predicted[index]}',
               fill='black', font=_font(), anchor='ma')
