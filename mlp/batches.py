@@ -57,10 +57,20 @@ def _shift(pixels: jax.Array, offsets: jax.Array, max_shift: int) -> jax.Array:
   return jax.vmap(crop)(padded, offsets).reshape(pixels.shape)
 
 
+def to_unit(images: jax.Array) -> jax.Array:
+  """uint8 pixels as float32 in [0, 1]."""
+  return images.astype(jnp.float32) / 255.0
+
+
+def standardize(pixels: jax.Array) -> jax.Array:
+  """[0, 1] pixels centred and scaled by MNIST's statistics: what the model takes."""
+  return (pixels - PIXEL_MEAN) / PIXEL_STD
+
+
 def gather(images: ArrayLike, labels: ArrayLike, indices: jax.Array,
            offsets: jax.Array | None = None, max_shift: int = 0) -> dict[str, jax.Array]:
   """A batch of normalized float32 images [B, 784] and int32 labels [B] from resident uint8 data."""
-  pixels = jnp.take(images, indices, axis=0).astype(jnp.float32) / 255.0
+  pixels = to_unit(jnp.take(images, indices, axis=0))
   if offsets is not None and max_shift > 0:
     pixels = _shift(pixels, offsets, max_shift)
-  return {'image': (pixels - PIXEL_MEAN) / PIXEL_STD, 'label': jnp.take(labels, indices, axis=0)}
+  return {'image': standardize(pixels), 'label': jnp.take(labels, indices, axis=0)}

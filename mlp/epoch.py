@@ -30,7 +30,7 @@ def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, *, batc
   return batches.shard_steps(order, batch_size, num_shards, shard), dropout_key
 
 
-def dropout_keys(dropout_key: jax.Array, step: jax.Array, indices: jax.Array) -> jax.Array:
+def dropout_keys(dropout_key: jax.Array, step: jax.Array | int, indices: jax.Array) -> jax.Array:
   """One dropout key per example, a function of (seed, step, example) only, like the pixel shifts.
 
   Keyed by the example, not the device, so any number of devices and processes draws the same masks.
@@ -80,3 +80,15 @@ def evaluate(state: steps.TrainState, images: jax.Array, labels: jax.Array, *, b
 
   _, sums = jax.lax.scan(body, None, (indices, masks))
   return _total(sums, axis_name)
+
+
+def predict(state: steps.TrainState, images: jax.Array, *, batch_size: int) -> jax.Array:
+  """Every example's logits [N, 10], computed in the same batches as `evaluate` scores them."""
+  indices, _ = batches.eval_steps(images.shape[0], batch_size, 1, jnp.int32(0))
+
+  def body(_, step_indices):
+    pixels = batches.to_unit(jnp.take(images, step_indices, axis=0))
+    return None, steps.predict_step(state, batches.standardize(pixels))
+
+  _, logits = jax.lax.scan(body, None, indices)
+  return logits.reshape(-1, logits.shape[-1])[:images.shape[0]]

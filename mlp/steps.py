@@ -68,10 +68,14 @@ def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
   return state, batch_metrics(logits, batch['label'])
 
 
+def predict_step(state: TrainState, images: jax.Array) -> jax.Array:
+  """Class logits of normalized images, as evaluation computes them (no dropout)."""
+  return state.apply_fn({'params': state.params}, images, train=False)
+
+
 def eval_step(state: TrainState, batch: Batch, mask: jax.Array) -> Metrics:
   """Metric sums over the batch's valid (unpadded) examples."""
-  logits = state.apply_fn({'params': state.params}, batch['image'], train=False)
-  return batch_metrics(logits, batch['label'], mask)
+  return batch_metrics(predict_step(state, batch['image']), batch['label'], mask)
 
 
 def summarize(sums: dict[str, float]) -> dict[str, float]:

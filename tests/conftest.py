@@ -71,9 +71,10 @@ def override_flags(**overrides) -> list[str]:
   return [f'--config.{name}={value}' for name, value in _merged(overrides).items()]
 
 
-def run_train(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-  """Runs train.py as a user would, from the project root."""
-  return subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
+def run_train(*args: str, env: dict | None = None, timeout: int = 300,
+              script: str = 'train.py') -> subprocess.CompletedProcess:
+  """Runs train.py (or another of the project's commands) as a user would, from the project root."""
+  return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True,
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 

@@ -72,7 +72,7 @@ def fingerprint(tree: Any) -> str:
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     array = np.ascontiguousarray(leaf)
     digest.update(f'{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape};'.encode())
-    digest.update(array.reshape(-1).view(np.uint8))  # The bytes of tobytes(), without a copy.
+    digest.update(array.reshape(-1).view(np.uint8).data)  # The bytes of tobytes(), without a copy.
   return digest.hexdigest()
 
 
@@ -120,6 +120,18 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
   return json.loads(json.dumps(dict(walk(config.to_dict(), ''))))
 
 
+def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
+  tree: dict[str, Any] = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split('.')
+    target = tree
+    for parent in parents:
+      target = target.setdefault(parent, {})
+    target[leaf] = tuple(value) if isinstance(value, list) else value
+  return ml_collections.ConfigDict(tree)
+
+
 def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
   """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
   absent = object()
@@ -133,7 +145,7 @@ def _show(value: Any) -> str:
   return repr(tuple(value)) if isinstance(value, list) else repr(value)
 
 
-def _why(error: Exception) -> str:
+def _why(error: BaseException) -> str:
   lines = str(error).strip().splitlines() or ['']
   return f'{type(error).__name__}: {lines[0][:160]}'
 
@@ -156,7 +168,7 @@ class _Damaged(Exception):
   """Damage to a checkpoint that can be named (the message says what): it is set aside."""
 
 
-def _causes(error: BaseException) -> Iterator[BaseException]:
+def _causes(error: BaseException | None) -> Iterator[BaseException]:
   """The error and the errors it was raised from, outermost first."""
   seen = set()
   while error is not None and id(error) not in seen:
@@ -221,6 +233,48 @@ def _mute_orbax_noise() -> None:
   asyncio_logger = logging.getLogger('asyncio')
   if _orbax_task_report not in asyncio_logger.filters:
     asyncio_logger.addFilter(_orbax_task_report)
+
+
+def _read_meta(manager: ocp.CheckpointManager, epoch: int,
+               damaged: list[tuple[int, str]]) -> dict[str, Any] | None:
+  """A checkpoint's fingerprint and config; None, the reason added to `damaged`, if unreadable."""
+  try:
+    meta = manager.restore(epoch, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
+    if not isinstance(meta['config'], dict):
+      raise TypeError(f'the saved config is a {type(meta["config"]).__name__}')
+    return meta
+  except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+    damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+    return None
+
+
+def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
+  """Raises the user's line when checkpoints exist but every one of them is damaged."""
+  if damaged:
+    reasons = '; '.join(f'epoch {epoch}: {why}' for epoch, why in damaged)
+    raise UserError(f'no checkpoint in {directory} can be restored ({reasons}); copy good '
+                    'ones back from a backup, or move the numbered folders away to start over')
+
+
+def saved_config(directory: str) -> dict[str, Any] | None:
+  """The flat config saved with the newest checkpoint whose metadata reads: what the run trained.
+
+  None when `directory` holds no checkpoint; UserError when none of them can be read.
+  """
+  directory = os.path.abspath(directory)
+  if not os.path.isdir(directory):
+    return None
+  _mute_orbax_noise()
+  options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
+  damaged: list[tuple[int, str]] = []
+  with contextlib.closing(ocp.CheckpointManager(directory, item_names=(STATE, META),
+                                                options=options)) as manager:
+    for epoch in sorted(manager.all_steps(), reverse=True):
+      meta = _read_meta(manager, epoch, damaged)
+      if meta is not None:
+        return {**DEFAULTS_OF_NEWER_FIELDS, **meta['config']}
+  _none_restores(directory, damaged)
+  return None
 
 
 class Checkpoints(ClosedOnExit):
@@ -294,7 +348,7 @@ class Checkpoints(ClosedOnExit):
     key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
     sharding = template.step.sharding  # type: ignore[union-attr]  # A ShapeDtypeStruct here.
     target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding))
-    damaged = []
+    damaged: list[tuple[int, str]] = []
     for epoch in reversed(self.epochs()):
       try:
         tree = self._restore_verified(epoch, target)
@@ -304,10 +358,7 @@ class Checkpoints(ClosedOnExit):
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
       return Restored(epoch, state, tuple(damaged), time.perf_counter() - start)
-    if damaged:
-      reasons = '; '.join(f'epoch {epoch}: {why}' for epoch, why in damaged)
-      raise UserError(f'no checkpoint in {self.directory} can be restored ({reasons}); copy good '
-                      'ones back from a backup, or move the numbered folders away to start over')
+    _none_restores(self.directory, damaged)
     return None
 
   def _restore_verified(self, epoch: int, target: dict[str, Any]) -> dict[str, Any]:

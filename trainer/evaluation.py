@@ -2,23 +2,44 @@
 
 import os
 
+import jax
 import ml_collections
+import numpy as np
 from jax.sharding import Mesh
 
 from data.mnist import Examples, load_split
 from errors import UserError
-from trainer import processes
+from mlp import steps
+from trainer import pictures, processes
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.reporting import Reporter, format_line
-from trainer.run_setup import make_mesh, set_up_run, state_template
+from trainer.run_setup import RunSetup, make_mesh, predict_logits, set_up_run, state_template
+
+
+def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainState, epoch: int,
+           reporter: Reporter) -> list[float]:
+  """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
+  images, labels = (np.asarray(jax.device_get(array)) for array in run.eval_data)
+  predicted = predict_logits(state, run.eval_data[0], config.eval_batch_size).argmax(axis=1)
+  matrix = pictures.confusion_matrix(labels, predicted)
+  where = f'{config.data.eval_split}, checkpoint of epoch {epoch}'
+  reporter.pictures({
+      'mistakes': pictures.draw_mistakes(images, labels, predicted, f'mistakes on {where}'),
+      'confusion': pictures.draw_confusion(matrix, f'confusion matrix on {where}')}, epoch)
+  per_digit = pictures.per_digit_accuracy(matrix)
+  shares = '  '.join(f'{digit} {100 * share:.1f}%' for digit, share in enumerate(per_digit))
+  reporter.log(f'eval accuracy per digit: {shares}; drew its mistakes.png and confusion.png')
+  return per_digit
 
 
 def _score(config: ml_collections.ConfigDict, mesh: Mesh, restored: Restored,
-           examples: Examples) -> dict:
-  """The eval split's metrics of a restored state, as a record for eval.jsonl."""
-  metrics = set_up_run(config, mesh, None, examples, restored.state).evaluate(restored.state)
+           examples: Examples, reporter: Reporter) -> dict:
+  """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
+  run = set_up_run(config, mesh, None, examples, restored.state)
+  metrics = run.evaluate(restored.state)
   return {'epoch': restored.epoch, 'eval_split': config.data.eval_split,
-          'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy']}
+          'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy'],
+          'eval_accuracy_per_digit': review(config, run, restored.state, restored.epoch, reporter)}
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -37,7 +58,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict
       raise missing
     for epoch, why in restored.damaged:
       reporter.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
-    record = _score(config, mesh, restored, examples)
+    record = _score(config, mesh, restored, examples, reporter)
     reporter.evaluation(record)
   return record
 
@@ -50,7 +71,7 @@ def report_finished(config: ml_collections.ConfigDict, mesh: Mesh, restored: Res
   """
   reporter.log(f'nothing to train: the checkpoint is at epoch {restored.epoch} and num_epochs is '
                f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
-  evaluated = _score(config, mesh, restored, examples)
+  evaluated = _score(config, mesh, restored, examples, reporter)
   recorded = reporter.recorded(restored.epoch)
   if recorded:
     record = {**recorded, 'eval_loss': evaluated['eval_loss'],

@@ -80,6 +80,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
       checkpoints.save(epoch, state, run.run_key)
     if stop and epoch < config.num_epochs:
       raise Preempted(stop, epoch, checkpoints.directory)
+  evaluation.review(config, run, state, config.num_epochs, reporter)
   pauses = sorted(checkpoints.save_pauses)
   reporter.log(f'saved the checkpoint of epoch {config.num_epochs} in {checkpoints.directory} '
                f'(training paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; '

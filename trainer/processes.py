@@ -80,7 +80,7 @@ def mute_native_stdout() -> None:
   sys.stdout = os.fdopen(python_stdout, 'w', buffering=1, encoding=sys.stdout.encoding)
 
 
-def lost_a_peer(error: BaseException) -> bool:
+def lost_a_peer(error: BaseException | None) -> bool:
   """Whether `error` is a multi-process run's collective or barrier failing for a lost process."""
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:

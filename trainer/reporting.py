@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from typing import TextIO
 
 import jax
+import numpy as np
+from PIL import Image
 from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
-from tensorboardX.summary import scalar
+from tensorboardX.summary import image, scalar
 
 from errors import ClosedOnExit, UserError, write_failed
 
@@ -136,8 +138,7 @@ class Reporter(ClosedOnExit):
       # The suffix keeps a run resumed in the same second from overwriting the last one's events.
       # Written here, not by a background thread: a full disk then stops the run with one line
       # (tensorboardX's SummaryWriter thread dies on it, and the next writes block forever).
-      self._writer = EventsWriter(os.path.join(self._workdir, 'events'),
-                                  f'.from-epoch-{start_epoch}')
+      self._writer = self._events_file(f'.from-epoch-{start_epoch}')
       # A restart at step 1: TensorBoard drops every older event from step 1 on.
       self._writer.write_event(Event(step=1, wall_time=time.time(),
                                      session_log=SessionLog(status=SessionLog.START)))
@@ -157,6 +158,25 @@ class Reporter(ClosedOnExit):
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
     say(format_line(record, self._num_epochs, eta), self._stream)
+
+  def _events_file(self, suffix: str) -> EventsWriter:
+    return EventsWriter(os.path.join(self._workdir, 'events'), suffix)
+
+  def pictures(self, pictures: dict[str, np.ndarray], epoch: int) -> None:
+    """Each picture (uint8 [H, W, 3]) as NAME.png in the run directory and a TensorBoard image."""
+    if not self._enabled:
+      return
+    for name, pixels in pictures.items():
+      with _writing(os.path.join(self._workdir, f'{name}.png')) as path:
+        Image.fromarray(pixels).save(path + '.tmp', format='PNG')
+        os.replace(path + '.tmp', path)  # Whole or not at all: a viewer never sees half a file.
+    with _writing(self._workdir):
+      if self._writer is None:  # An evaluation alone (eval_only) has no events file open.
+        self._writer = self._events_file(f'.eval-epoch-{epoch}')
+      for name, pixels in pictures.items():
+        self._writer.write_event(Event(wall_time=time.time(), step=epoch,
+                                       summary=image(name, pixels, dataformats='HWC')))
+      self._writer.flush()
 
   def _add_scalars(self, record: dict[str, float]) -> None:
     assert self._writer is not None, 'written after start()'

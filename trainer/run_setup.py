@@ -1,6 +1,7 @@
 """One place that builds a run: its mesh, keys, state, resident data and compiled epoch programs."""
 
 import dataclasses
+import functools
 
 import jax
 import numpy as np
@@ -8,7 +9,7 @@ import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples
-from mlp import steps
+from mlp import epoch, steps
 from trainer import devices
 
 DeviceData = tuple[jax.Array, jax.Array]  # A split's uint8 images and int32 labels, on every device.
@@ -67,3 +68,15 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
   mode = devices.choose_mode(config, jax.device_count(), jax.process_count())
   programs = devices.compile_epochs(config, mode, mesh, state, run_key, train_data, eval_data)
   return RunSetup(mesh, run_key, state, train_data, eval_data, programs)
+
+
+@functools.cache
+def _predict_program(batch_size: int):
+  """One jitted forward pass per batch size, so that a process compiles each shape once."""
+  return jax.jit(functools.partial(epoch.predict, batch_size=batch_size))
+
+
+def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
+                   batch_size: int) -> np.ndarray:
+  """Class logits [N, 10] of uint8 images [N, 784] on the host, in evaluation's batches."""
+  return np.asarray(jax.device_get(_predict_program(batch_size)(state, images)))

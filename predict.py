@@ -1,0 +1,104 @@
+"""Classifies pictures of digits with a trained run: `python predict.py --workdir=RUN IMAGES...`."""
+
+import json
+import os
+import sys
+
+import numpy as np
+from absl import app
+from absl import flags
+
+from errors import UserError, fail
+
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
+    'checkpoint that restores and verifies classifies the images, with the config saved with it.')
+_JSON = flags.DEFINE_bool('json', False, 'One JSON object per image instead of a line of text.')
+USAGE = 'python predict.py --workdir=RUN IMAGE_OR_FOLDER...'
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with every mistake reported as one line instead of a traceback."""
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as error:
+    fail(f'{error}; usage: {USAGE}', 2)
+  if flags.FLAGS['verbosity'].using_default_value:
+    flags.FLAGS.verbosity = -1  # Warnings and errors only, as train.py.
+  if not _WORKDIR.value:
+    fail(f'no run given; pass the run directory of a trained run: {USAGE}', 2)
+  if len(rest) < 2:
+    fail(f'no images given; pass image files or folders of them: {USAGE}', 2)
+  return rest
+
+
+def image_files(paths: list[str]) -> list[str]:
+  """The files named, and each folder's image files (by the extensions Pillow reads), in order."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top; after flags, so --help stays fast
+  extensions = Image.registered_extensions()
+  files = []
+  for path in paths:
+    if os.path.isdir(path):
+      found = sorted(os.path.join(path, name) for name in os.listdir(path)
+                     if os.path.splitext(name)[1].lower() in extensions
+                     and os.path.isfile(os.path.join(path, name)))
+      if not found:
+        raise UserError(f'the folder {path} holds no image files; pass a folder of PNG, JPEG or '
+                        'other pictures, or the image files themselves')
+      files.extend(found)
+    elif os.path.isfile(path):
+      files.append(path)
+    else:
+      raise UserError(f'{path} does not exist; pass image files or folders of them')
+  return files
+
+
+def read_digits(files: list[str]) -> np.ndarray:
+  """uint8 [N, 784]: each file as an MNIST image, or a UserError naming the file that is not one."""
+  from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
+  from data import digit_images  # pylint: disable=g-import-not-at-top
+  digits = []
+  for path in files:
+    try:
+      with Image.open(path) as image:
+        digits.append(digit_images.to_mnist(image).reshape(-1))
+    except UnidentifiedImageError as error:
+      raise UserError(f'{path} is not an image Pillow can read; pass PNG, JPEG or another picture '
+                      'format') from error
+    except digit_images.NoDigit as error:
+      raise UserError(f'{path}: {error}; pass a picture of one dark digit on a light page, or the '
+                      'reverse') from error
+    except (OSError, ValueError) as error:
+      raise UserError(f'{path} cannot be read ({error}); pass a complete image file') from error
+  return np.stack(digits)
+
+
+def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
+  """One line per image: the digit, its probability and the runner-up."""
+  width = max(len(path) for path in files)
+  for path, row in zip(files, probabilities):
+    first, second = (int(d) for d in row.argsort()[::-1][:2])
+    if as_json:
+      print(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
+                        'runner_up': second, 'runner_up_probability': float(row[second])}))
+    else:
+      print(f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}')
+
+
+def main(argv: list[str]) -> None:
+  try:
+    files = image_files(argv[1:])
+    digits = read_digits(files)  # Before JAX loads: a bad file is reported at once.
+    from trainer import inference  # pylint: disable=g-import-not-at-top
+    config, restored = inference.restore_run(_WORKDIR.value)
+  except UserError as error:
+    fail(str(error), 1)
+  for epoch, why in restored.damaged:
+    print(f'warning: passed over the checkpoint of epoch {epoch}: {why}', file=sys.stderr)
+  report(files, inference.probabilities(config, restored, digits), _JSON.value)
+  print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
+        f'epoch {restored.epoch} in {os.path.abspath(_WORKDIR.value)}', file=sys.stderr)
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,211 @@
+"""After training: predict.py on pictures of digits, and the pictures a run draws of its errors."""
+
+import hashlib
+import json
+import pathlib
+import shutil
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from data import digit_images
+from data.mnist import load_split
+from tests.conftest import make_config, run_train
+from trainer import checkpoints, evaluation, inference, pictures
+from trainer.reporting import EVAL_FILE
+
+SAME_COUNT, PHOTO_COUNT = 1000, 300  # Eval images saved as PNG files; of them, photographed.
+
+
+@pytest.fixture(scope='module')
+def quick_run(tmp_path_factory, mnist_dir):
+  """A run of configs/quick.py by train.py, as a user makes it."""
+  workdir = tmp_path_factory.mktemp('quick')
+  out = run_train('--config=configs/quick.py', f'--workdir={workdir}')
+  assert out.returncode == 0, out.stderr
+  return workdir, out.stdout
+
+
+def run_config(workdir):
+  """The config saved with the run's checkpoints, and its eval split's images and labels."""
+  config = checkpoints.config_from_flat(checkpoints.saved_config(str(workdir)))
+  return config, load_split(config.data, config.data.eval_split)
+
+
+def photograph(pixels: np.ndarray, rng: np.random.Generator) -> Image.Image:
+  """An MNIST digit as a photo of it: 4-8x larger, dark ink on grey-white paper, off-centre."""
+  scale = int(rng.integers(4, 9))
+  side = 28 * scale
+  ink = np.asarray(Image.fromarray(255 - pixels.reshape(28, 28)).resize((side, side),
+                                                                        Image.Resampling.BICUBIC), float)
+  height, width = (int(n) for n in rng.integers(side + 60, 2 * side + 100, size=2))
+  page = 235 + rng.normal(0, 4, (height, width))
+  top, left = int(rng.integers(0, height - side)), int(rng.integers(0, width - side))
+  page[top:top + side, left:left + side] = np.minimum(page[top:top + side, left:left + side], ink)
+  return Image.fromarray(np.clip(page, 0, 255).astype(np.uint8)).convert('RGB')
+
+
+@pytest.fixture(scope='module')
+def predicted(quick_run, tmp_path_factory):
+  """predict.py --json once on eval images saved as PNG and on photos of them: file -> object."""
+  workdir, _ = quick_run
+  _, examples = run_config(workdir)
+  folder = tmp_path_factory.mktemp('images')
+  (folder / 'png').mkdir()
+  (folder / 'photos').mkdir()
+  rng = np.random.default_rng(0)
+  for i in range(SAME_COUNT):
+    Image.fromarray(examples.images[i].reshape(28, 28)).save(folder / 'png' / f'{i:04d}.png')
+  for i in range(PHOTO_COUNT):
+    photograph(examples.images[i], rng).save(folder / 'photos' / f'{i:04d}.jpg', quality=90)
+  out = run_train(f'--workdir={workdir}', '--json', str(folder / 'png'), str(folder / 'photos'),
+                  script='predict.py')
+  assert out.returncode == 0, out.stderr
+  assert out.stderr.strip().splitlines()[-1].startswith(
+      f'classified {SAME_COUNT + PHOTO_COUNT} images with the checkpoint of epoch ')
+  objects = [json.loads(line) for line in out.stdout.splitlines()]
+  return {str(pathlib.Path(obj['file']).relative_to(folder)): obj for obj in objects}
+
+
+def digits(predicted, kind: str, count: int) -> np.ndarray:
+  found = [predicted[f'{kind}/{i:04d}.{"png" if kind == "png" else "jpg"}'] for i in range(count)]
+  assert all(0 <= o['digit'] <= 9 and 0.1 <= o['probability'] <= 1 for o in found)
+  return np.array([o['digit'] for o in found])
+
+
+@pytest.mark.slow
+def test_eval_images_saved_as_png_get_the_trainers_own_predictions(quick_run, predicted):
+  workdir, _ = quick_run
+  config, restored = inference.restore_run(str(workdir))
+  _, examples = run_config(workdir)
+  # The trainer's forward pass on its own eval arrays, as its pictures and evaluation use it.
+  trainer = inference.probabilities(config, restored, examples.images).argmax(axis=1)
+  assert np.array_equal(digits(predicted, 'png', SAME_COUNT), trainer[:SAME_COUNT])
+  # ...which is its evaluation: the same count right as the run's last recorded epoch.
+  final = json.loads((workdir / 'metrics.jsonl').read_text().splitlines()[-1])
+  assert int(np.sum(trainer == examples.labels)) == round(final['eval_accuracy'] * len(examples))
+
+
+@pytest.mark.slow
+def test_photographed_digits_are_classified_as_well_as_the_originals(quick_run, predicted):
+  _, examples = run_config(quick_run[0])
+  right = digits(predicted, 'photos', PHOTO_COUNT) == examples.labels[:PHOTO_COUNT]
+  assert right.mean() >= 0.95, f'{right.sum()} of {PHOTO_COUNT} right'
+
+
+def image_tags(workdir) -> dict[str, list[tuple[int, int, int]]]:
+  """TensorBoard's own reading of the run directory: image tag -> (step, width, height)."""
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(workdir))
+  events.Reload()
+  return {tag: [(i.step, i.width, i.height) for i in events.Images(tag)]
+          for tag in events.Tags()['images']}
+
+
+def assert_pictures(workdir, wrong: int, epoch: int) -> None:
+  """Both PNG files, of the sizes their content decides, and the same images in TensorBoard."""
+  sizes = {'mistakes': pictures.mistakes_size(wrong), 'confusion': pictures.CONFUSION_SIZE}
+  for name, size in sizes.items():
+    with Image.open(workdir / f'{name}.png') as image:
+      assert (image.format, image.size, image.mode) == ('PNG', size, 'RGB')
+  assert image_tags(workdir) == {name: [(epoch, *size)] for name, size in sizes.items()}
+
+
+@pytest.mark.slow
+def test_a_run_and_an_eval_only_draw_their_mistakes_and_confusion_matrix(quick_run, tmp_path):
+  workdir, stdout = quick_run
+  config, examples = run_config(workdir)
+  final = json.loads((workdir / 'metrics.jsonl').read_text().splitlines()[-1])
+  wrong = round((1 - final['eval_accuracy']) * len(examples))
+  assert wrong > 0
+  assert_pictures(workdir, wrong, config.num_epochs)
+  assert 'eval accuracy per digit: 0 ' in stdout
+  drawn = {name: (workdir / f'{name}.png').read_bytes() for name in ('mistakes', 'confusion')}
+
+  copy = tmp_path / 'run'  # eval_only on a copy without the run's pictures and events.
+  shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('*.png', 'events.*'))
+  config.eval_only = True
+  record = evaluation.evaluate_checkpoint(config, str(copy))
+  assert_pictures(copy, wrong, config.num_epochs)
+  assert {name: (copy / f'{name}.png').read_bytes() for name in drawn} == drawn
+  assert [json.loads(line) for line in (copy / EVAL_FILE).read_text().splitlines()] == [record]
+  counts = np.bincount(examples.labels, minlength=10)
+  right = np.array(record['eval_accuracy_per_digit']) * counts
+  np.testing.assert_allclose(right, np.round(right), atol=1e-6)
+  assert round(right.sum()) == len(examples) - wrong
+
+
+def test_the_confusion_matrix_counts_each_example_once_by_true_and_predicted_digit():
+  labels, predicted = np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 1, 2, 0, 2])
+  matrix = pictures.confusion_matrix(labels, predicted)
+  assert matrix.sum() == 6
+  assert (matrix[0, 0], matrix[0, 1], matrix[2, 0], matrix[2, 2]) == (1, 1, 1, 2)
+  assert pictures.per_digit_accuracy(matrix)[:4] == [0.5, 1.0, 2 / 3, 0.0]
+
+
+def flip_each_checkpoint(folder) -> None:
+  """One flipped byte in every checkpoint's largest state file: each fails its fingerprint."""
+  for state in folder.glob('[0-9]*/state'):
+    largest = max((p for p in state.rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    largest.write_bytes(bytes(data))
+
+
+# Each mistake: how it is made in a folder (given the quick run, if it needs one), what predict.py
+# is then given, what its line says.
+BAD_INPUTS = {
+    'not an image': (lambda f, run: (f / 'digit.png').write_text('not a picture'),
+                     '{f}/digit.png', 'is not an image Pillow can read'),
+    'missing file': (lambda f, run: None, '{f}/seven.png', 'does not exist'),
+    'blank picture': (lambda f, run: Image.new('L', (90, 60), 'white').save(f / 'blank.jpg'),
+                      '{f}/blank.jpg', 'no digit found'),
+    'empty folder': (lambda f, run: (f / 'empty').mkdir(), '{f}/empty', 'holds no image files'),
+    'no checkpoints': (lambda f, run: (f / 'run').mkdir(), '{png}', 'no checkpoint in'),
+    'damaged checkpoints only': (
+        lambda f, run: flip_each_checkpoint(shutil.copytree(run(), f / 'run')), '{png}',
+        'can be restored'),
+}
+
+
+def snapshot(folder) -> dict[str, str]:
+  return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+@pytest.mark.parametrize('case', [pytest.param(case, marks=pytest.mark.slow) if 'damaged' in case
+                                  else case for case in BAD_INPUTS])
+def test_bad_input_ends_in_one_line_and_writes_nothing(case, request, tmp_path):
+  make, image, expected = BAD_INPUTS[case]
+  make(tmp_path, lambda: request.getfixturevalue('quick_run')[0])
+  png, one = tmp_path / 'one.png', np.zeros((28, 28), np.uint8)
+  one[4:24, 13:16] = 255
+  Image.fromarray(one).save(png)
+  before = snapshot(tmp_path)
+  out = run_train(f'--workdir={tmp_path / "run"}', image.format(f=tmp_path, png=png),
+                  script='predict.py')
+  assert out.returncode != 0 and out.stdout == ''
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
+  assert snapshot(tmp_path) == before
+
+
+def test_a_photographed_digit_is_made_the_way_mnist_made_its_own(mnist_dir):
+  examples = load_split(make_config().data, 'test[:20]')
+  rng, alike = np.random.default_rng(1), []
+  for original in examples.images:
+    made = digit_images.to_mnist(photograph(original, rng)).astype(float)
+    rows, cols = np.flatnonzero(made.any(axis=1)), np.flatnonzero(made.any(axis=0))
+    # The ink's box scaled to 20 pixels on its longer side, its centre of mass at MNIST's centre.
+    assert max(rows[-1] - rows[0], cols[-1] - cols[0]) + 1 == 20
+    assert np.allclose(digit_images.centre_of_mass(made), 14, atol=0.5)
+    assert made.max() == 255
+    alike.append(np.corrcoef(made.ravel(), original.astype(float))[0, 1])
+    assert np.array_equal(digit_images.to_mnist(Image.fromarray(original.reshape(28, 28))),
+                          original.reshape(28, 28))  # An MNIST image is taken as it is.
+  assert min(alike) > 0.6 and np.median(alike) > 0.9  # Back close to the original, pixel by pixel.
+  drawing = Image.new('RGBA', (200, 120), (0, 0, 0, 0))  # Black ink on a transparent page.
+  drawing.paste((0, 0, 0, 255), (90, 10, 110, 110))
+  made = digit_images.to_mnist(drawing)
+  assert made[4:24, 12:16].min() > 200 and made.sum() == made[4:24, 12:16].sum()
