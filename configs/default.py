@@ -51,4 +51,12 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   config.data.tfds_data_dir = ''  # Where TFDS keeps prepared data; '' is TFDS's default.
   config.data.train_split, config.data.eval_split = SPLITS[splits]  # TFDS split syntax.
   config.data.max_shift = 1  # Training images move by up to this many pixels each way (0: off).
+  # A random affine map and elastic field per training image, after the shift (all zeros: off).
+  config.data.distort = ml_collections.ConfigDict(dict(
+      rotation=0.0,  # Degrees each way.
+      scale=0.0,  # Relative, each way: 0.1 draws sizes from 90% to 110%.
+      shear=0.0,  # Degrees each way.
+      translate=0.0,  # Pixels each way, any fraction.
+      elastic_alpha=0.0,  # Strength of the elastic field, in pixels; 0: off.
+      elastic_sigma=4.0))  # Smoothness of the elastic field, in pixels.
   return config

@@ -1,5 +1,7 @@
 """The on-device input pipeline: each epoch's order, each device's share of it, and batch gathering."""
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 from jax.typing import ArrayLike
@@ -37,26 +39,6 @@ def eval_steps(num_examples: int, batch_size: int, num_shards: int,
           shard_steps(mask, batch_size, num_shards, shard))
 
 
-def shift_offsets(key: jax.Array, epoch: jax.Array, indices: jax.Array,
-                  max_shift: int) -> jax.Array:
-  """Per-example (dy, dx) in [0, 2 * max_shift], a function of (seed, epoch, example) only.
-
-  Keyed by the example, not the device, so augmentation is the same on any number of devices.
-  """
-  epoch_key = jax.random.fold_in(key, epoch)
-  draw = lambda i: jax.random.randint(jax.random.fold_in(epoch_key, i), (2,), 0, 2 * max_shift + 1)
-  return jax.vmap(draw)(indices)
-
-
-def _shift(pixels: jax.Array, offsets: jax.Array, max_shift: int) -> jax.Array:
-  """Translates each 28x28 image by its offset minus max_shift, filling with background."""
-  side = 28
-  padded = jnp.pad(pixels.reshape(-1, side, side), ((0, 0), (max_shift, max_shift),
-                                                     (max_shift, max_shift)))
-  crop = lambda image, at: jax.lax.dynamic_slice(image, (at[0], at[1]), (side, side))
-  return jax.vmap(crop)(padded, offsets).reshape(pixels.shape)
-
-
 def to_unit(images: jax.Array) -> jax.Array:
   """uint8 pixels as float32 in [0, 1]."""
   return images.astype(jnp.float32) / 255.0
@@ -68,9 +50,12 @@ def standardize(pixels: jax.Array) -> jax.Array:
 
 
 def gather(images: ArrayLike, labels: ArrayLike, indices: jax.Array,
-           offsets: jax.Array | None = None, max_shift: int = 0) -> dict[str, jax.Array]:
-  """A batch of normalized float32 images [B, 784] and int32 labels [B] from resident uint8 data."""
+           augment: Callable[[jax.Array], jax.Array] | None = None) -> dict[str, jax.Array]:
+  """A batch of normalized float32 images [B, 784] and int32 labels [B] from resident uint8 data.
+
+  `augment`, when given, transforms the batch's [0, 1] pixels before they are standardized.
+  """
   pixels = to_unit(jnp.take(images, indices, axis=0))
-  if offsets is not None and max_shift > 0:
-    pixels = _shift(pixels, offsets, max_shift)
+  if augment is not None:
+    pixels = augment(pixels)
   return {'image': standardize(pixels), 'label': jnp.take(labels, indices, axis=0)}

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 
+from mlp import augment
 from mlp import batches
 from mlp import steps
 
@@ -48,6 +49,7 @@ def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
 
 def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
                 epoch: jax.Array, *, batch_size: int, max_shift: int = 0,
+                distortion: augment.Distortion = augment.Distortion(),
                 axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
   """Trains on one epoch of the resident data; returns the new state and the epoch's metric sums.
 
@@ -57,11 +59,10 @@ def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, s
   shard, num_shards = _shard(axis_name)
   step_indices, dropout_key = epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size,
                                          num_shards=num_shards, shard=shard)
-  shift_key = jax.random.fold_in(seed_key, 2)
 
   def body(state, indices):
-    offsets = batches.shift_offsets(shift_key, epoch, indices, max_shift) if max_shift else None
-    batch = batches.gather(images, labels, indices, offsets, max_shift)
+    augmented = augment.augmenter(seed_key, epoch, indices, max_shift, distortion)
+    batch = batches.gather(images, labels, indices, augmented)
     return train_batch(state, batch, indices, dropout_key, axis_name)
 
   state, sums = jax.lax.scan(body, state, step_indices)

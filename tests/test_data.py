@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from mlp import augment
 from mlp import batches
 from data import idx
 from data.idx import load_idx
@@ -154,7 +155,7 @@ def test_shift_translates_images_and_fills_with_background():
   labels = jnp.array([3, 4], jnp.int32)
   # Offsets are (dy, dx) + max_shift: the first image moves down 2 and left 1, the second stays.
   offsets = jnp.array([[0, 3], [2, 2]])
-  batch = batches.gather(images, labels, jnp.array([0, 1]), offsets, max_shift=2)
+  batch = batches.gather(images, labels, jnp.array([0, 1]), lambda p: augment.shift(p, offsets, 2))
   pixels = np.asarray(batch['image']).reshape(2, 28, 28) * batches.PIXEL_STD + batches.PIXEL_MEAN
   assert np.unravel_index(np.argmax(pixels[0]), (28, 28)) == (12, 11)
   assert np.unravel_index(np.argmax(pixels[1]), (28, 28)) == (10, 12)
@@ -164,13 +165,66 @@ def test_shift_translates_images_and_fills_with_background():
 def test_shift_offsets_depend_on_the_example_not_its_position():
   key = jax.random.key(0)
   indices = jnp.array([5, 9, 2, 7])
-  together = batches.shift_offsets(key, jnp.int32(1), indices, 2)
-  apart = jnp.concatenate([batches.shift_offsets(key, jnp.int32(1), indices[k:k + 2], 2)
+  together = augment.shift_offsets(key, jnp.int32(1), indices, 2)
+  apart = jnp.concatenate([augment.shift_offsets(key, jnp.int32(1), indices[k:k + 2], 2)
                            for k in (0, 2)])
   np.testing.assert_array_equal(together, apart)
   assert int(together.min()) >= 0 and int(together.max()) <= 4
-  later = batches.shift_offsets(key, jnp.int32(2), jnp.arange(100), 2)
-  assert not np.array_equal(batches.shift_offsets(key, jnp.int32(1), jnp.arange(100), 2), later)
+  later = augment.shift_offsets(key, jnp.int32(2), jnp.arange(100), 2)
+  assert not np.array_equal(augment.shift_offsets(key, jnp.int32(1), jnp.arange(100), 2), later)
+
+
+DISTORTION = augment.Distortion(rotation=15, scale=0.15, shear=10, translate=2, elastic_alpha=30,
+                                elastic_sigma=6)
+
+
+def _digits(count: int) -> jax.Array:
+  return batches.to_unit(jnp.asarray(load_splits(make_config().data, f'test[:{count}]')[0].images))
+
+
+def test_a_distortion_of_zeros_leaves_every_image_as_it_was():
+  assert not augment.Distortion() and DISTORTION
+  assert augment.augmenter(jax.random.key(0), jnp.int32(1), jnp.arange(4), 0,
+                           augment.Distortion()) is None
+  pixels = _digits(4)
+  keys = augment.example_keys(jax.random.key(0), jnp.int32(1), jnp.arange(4))
+  np.testing.assert_allclose(augment.distort(pixels, keys, augment.Distortion()), pixels, atol=1e-6)
+
+
+def test_a_distortion_moves_ink_without_making_or_losing_much_of_it():
+  pixels = _digits(64)
+  keys = augment.example_keys(jax.random.key(0), jnp.int32(1), jnp.arange(64))
+  moved = np.asarray(augment.distort(pixels, keys, DISTORTION))
+  assert moved.min() >= 0 and moved.max() <= 1
+  changed = np.abs(moved - np.asarray(pixels)).sum(axis=1) / np.asarray(pixels).sum(axis=1)
+  assert changed.min() > 0.1  # Every digit moved: at least a tenth of its ink is elsewhere.
+  ink = moved.sum(axis=1) / np.asarray(pixels).sum(axis=1)
+  # Scaling, shear and the elastic field stretch and squeeze, but no digit vanishes or doubles,
+  # and the background stays background.
+  assert 0.5 < ink.min() and ink.max() < 2 and np.median(moved) == 0
+
+
+def test_the_elastic_field_grows_with_alpha_and_is_smooth():
+  d = lambda alpha: augment.Distortion(elastic_alpha=alpha, elastic_sigma=6)
+  key = jax.random.key(3)
+  identity = augment.source_coordinates(key, augment.Distortion())
+  weak, strong = (np.asarray(augment.source_coordinates(key, d(a)) - identity) for a in (10, 40))
+  np.testing.assert_allclose(strong, 4 * weak, rtol=1e-4, atol=1e-5)  # One field, scaled by alpha.
+  assert 0.2 < np.abs(strong).mean() < 3  # Pixels move by about a pixel, not a digit's width.
+  step = np.abs(np.diff(strong, axis=2)).mean()
+  assert step < 0.2 * np.abs(strong).mean()  # Neighbours move together: a smooth field.
+
+
+def test_distortions_depend_on_the_example_not_its_position_and_change_each_epoch():
+  pixels = _digits(4)
+  indices = jnp.array([5, 9, 2, 7])
+  run_key = jax.random.key(0)
+  together = augment.augmenter(run_key, jnp.int32(1), indices, 1, DISTORTION)(pixels)
+  apart = jnp.concatenate([augment.augmenter(run_key, jnp.int32(1), indices[k:k + 2], 1,
+                                             DISTORTION)(pixels[k:k + 2]) for k in (0, 2)])
+  np.testing.assert_array_equal(together, apart)
+  later = augment.augmenter(run_key, jnp.int32(2), indices, 1, DISTORTION)(pixels)
+  assert not np.array_equal(together, later)
 
 
 @pytest.mark.parametrize('config_file', ['default', 'quick'])

@@ -27,6 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from mlp import steps
+from mlp.augment import Distortion
 from errors import ClosedOnExit, UserError, write_failed
 from trainer import processes
 
@@ -39,7 +40,8 @@ FREE_FIELDS = frozenset({
     'max_checkpoints_to_keep', 'parallel', 'num_devices', 'profile_epoch', 'data.dir',
     'data.tfds_data_dir', 'data.eval_split'})
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
-DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32'}
+DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32', **{f'data.distort.{name}': value for name, value in
+                                                   dataclasses.asdict(Distortion()).items()}}
 DAMAGED_PREFIX = 'damaged-epoch-'
 # Files every complete checkpoint holds; one missing is damage.
 REQUIRED_FILES = (os.path.join(META, 'metadata'), os.path.join(STATE, '_METADATA'))

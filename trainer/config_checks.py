@@ -55,6 +55,22 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
   shift = config.data.max_shift
   if not _is_int(shift) or not 0 <= shift <= 8:
     raise ConfigError('data.max_shift', 'must be an integer from 0 to 8 pixels', shift, '1')
+  _check_distortion(config.data.distort)
+
+
+# Each distortion range's bounds (inclusive) and a value to suggest.
+DISTORTION_RANGES = {'rotation': (0, 180, 15), 'scale': (0, 0.9, 0.1), 'shear': (0, 80, 10),
+                     'translate': (0, 8, 2), 'elastic_alpha': (0, 100, 34),
+                     'elastic_sigma': (0.5, 28, 4)}
+
+
+def _check_distortion(distort: ml_collections.ConfigDict) -> None:
+  for name, (low, high, example) in DISTORTION_RANGES.items():
+    value = distort[name]
+    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and
+            low <= value <= high):
+      raise ConfigError(f'data.distort.{name}', f'must be a number from {low} to {high}', value,
+                        str(example))
 
 
 def validate(config: ml_collections.ConfigDict) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from errors import ConfigError
+from mlp import augment
 from mlp import epoch
 
 AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
@@ -97,7 +98,9 @@ def compile_epochs(config: ml_collections.ConfigDict, mode: str, mesh: Mesh, sta
   train = None
   if train_data is not None:
     train = _compile(functools.partial(epoch.train_epoch, batch_size=config.batch_size,
-                                       max_shift=config.data.max_shift, axis_name=axis),
+                                       max_shift=config.data.max_shift,
+                                       distortion=augment.Distortion(**config.data.distort),
+                                       axis_name=axis),
                      mesh, mode, (state, *train_data, seed_key, np.int32(0)), donate=True)
   evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
                                         axis_name=axis), mesh, mode, (state, *eval_data),
