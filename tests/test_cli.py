@@ -86,6 +86,18 @@ BAD_CONFIGS = {
 }
 
 
+@pytest.mark.parametrize('config_file', sorted((ROOT / 'configs').glob('[!_]*.py')),
+                         ids=lambda path: path.name)
+def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
+  config = train.ConfigFileParser('config').parse(str(config_file))
+  config_checks.validate(config)
+  assert config_flag_names(config) == config_flag_names(make_config())  # No field of its own.
+
+
+def config_flag_names(config) -> list[str]:
+  return [line.split('=')[0] for line in train.config_flag_lines(config)]
+
+
 @pytest.mark.parametrize('case', BAD_CONFIGS)
 def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
   overrides, field, value, fix = BAD_CONFIGS[case]
