@@ -202,7 +202,7 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_nev
   ends within seconds in one line (from a failed collective or from JAX's abort, never a
   traceback or a stack dump), and the run, rerun after each, ends with the uninterrupted numbers."""
   for victim, moment in [(0, 'at start-up'), (1, 'in training'), (0, 'during a save'),
-                         (0, 'in training'), (1, 'during a save')]:
+                         (0, 'in training')]:
     port = free_port()
     processes = launch_two_processes(ARGS, lambda i: tmp_path, port)
     killed = kill_when(processes, tmp_path, victim, moment)
