@@ -150,17 +150,16 @@ def advice(error: UserError) -> str:
 
 def _stop_for_lost_peer(workdir: str) -> None:
   """Ends a process whose peer is gone at once: JAX's own exit would wait for it, then abort."""
-  from trainer import checkpoints, processes  # pylint: disable=g-import-not-at-top
-  message = processes.lost_peer_message(workdir, checkpoints.newest_saved_epoch(workdir))
+  from trainer import lost_peers  # pylint: disable=g-import-not-at-top
   sys.stdout.flush()
-  fail(message, 1, exit_now=os._exit)
+  fail(lost_peers.message(workdir, this_command()), 1, exit_now=os._exit)
 
 
-def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
+def prepare(config: ml_collections.ConfigDict, workdir: str) -> Callable[[str], None]:
   """Checks the config, joins the other processes and sets up the compilation cache, before any
   computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
   # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
-  from trainer import compile_cache, config_checks, processes, reporting
+  from trainer import compile_cache, config_checks, lost_peers, processes, reporting
   try:
     config_checks.validate(config)
     joined = processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
@@ -171,6 +170,7 @@ def prepare(config: ml_collections.ConfigDict) -> Callable[[str], None]:
     fail(advice(error), 1)
   if joined:
     processes.mute_native_stdout()
+    lost_peers.start_relay(workdir, this_command())
   warn = functools.partial(reporting.warn, enabled=processes.is_primary())
   compile_cache.enable(_COMPILATION_CACHE.value, warn)
   return warn
@@ -183,9 +183,9 @@ def main(argv: list[str]) -> None:
     from trainer import reporting  # pylint: disable=g-import-not-at-top
     reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
     return
-  warn = prepare(config)
+  warn = prepare(config, workdir)
   # pylint: disable=g-import-not-at-top
-  from trainer import compile_cache, evaluation, loop, preemption, processes
+  from trainer import compile_cache, evaluation, lost_peers, loop, preemption
   # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
   with preemption.StopRequest() as stop_request, compile_cache.one_warning(warn):
     try:
@@ -202,7 +202,7 @@ def main(argv: list[str]) -> None:
       fail('interrupted before the next checkpoint; resume from the newest one with: '
            f'{this_command()}', 130)
     except Exception as error:  # pylint: disable=broad-except; only a lost process is handled
-      if not processes.lost_a_peer(error):
+      if not lost_peers.lost_a_peer(error):
         raise
       _stop_for_lost_peer(workdir)
 

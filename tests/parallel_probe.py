@@ -66,15 +66,17 @@ def walk_replicated_state(config) -> dict:
   return report
 
 
+# Each mode resumes another's checkpoint and has its own resumed by another: a cycle of the modes.
+RESUMES = tuple(zip(MODES, MODES[1:] + MODES[:1]))
+
+
 def resume_across_modes(out: pathlib.Path) -> None:
-  """Each mode's run cut back to its epoch-1 checkpoint, resumed under each other: OUT/<a>-<b>/."""
-  for first in MODES:
-    for then in MODES:
-      if then != first:
-        workdir = out / f'{first}-{then}'
-        shutil.copytree(out / first, workdir)
-        shutil.rmtree(workdir / '2')
-        loop.train_and_evaluate(make_config(parallel=then, **RESUMABLE), str(workdir))
+  """A mode's run cut back to its epoch-1 checkpoint, resumed under the next: OUT/<a>-<b>/."""
+  for first, then in RESUMES:
+    workdir = out / f'{first}-{then}'
+    shutil.copytree(out / first, workdir)
+    shutil.rmtree(workdir / '2')
+    loop.train_and_evaluate(make_config(parallel=then, **RESUMABLE), str(workdir))
 
 
 def main(out_dir: str) -> None:

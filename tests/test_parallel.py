@@ -14,7 +14,7 @@ import pytest
 from errors import ConfigError, UserError
 from tests.conftest import (EVAL_COUNT, ROOT, TRAIN_COUNT, assert_same_numbers, make_config,
                             on_devices, read_metrics)
-from tests.parallel_probe import MODES, SETTINGS
+from tests.parallel_probe import RESUMES, SETTINGS
 from trainer import config_checks
 from trainer.devices import choose_mode
 
@@ -94,7 +94,7 @@ def test_a_negative_device_count_is_refused_before_any_work():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('first, then', [(a, b) for a in MODES for b in MODES if a != b])
+@pytest.mark.parametrize('first, then', RESUMES)
 def test_a_checkpoint_saved_in_one_mode_resumes_in_any_other_exactly(probe, first, then):
   """jit runs on 1 of the 8 devices, mesh and pmap on all 8: modes and device counts both change."""
   out = probe[2]

@@ -3,7 +3,9 @@
 Each process runs train.py with its own simulated CPU device count, as a user would launch it.
 """
 
+import io
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -16,6 +18,7 @@ from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_
                             override_flags, read_metrics, run_train,
                             without_timings)
 from tests.parallel_probe import SETTINGS
+from trainer import lost_peers
 from trainer.reporting import METRICS_FILE
 
 CONFIG = '--config=configs/default.py'
@@ -27,9 +30,9 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch_two_processes(args: list[str], workdir_of) -> list[subprocess.Popen]:
+def launch_two_processes(args: list[str], workdir_of, port: int = 0) -> list[subprocess.Popen]:
   """train.py as processes 0 and 1 of one run, 2 simulated CPU devices each."""
-  address = f'--coordinator_address=127.0.0.1:{free_port()}'
+  address = f'--coordinator_address=127.0.0.1:{port or free_port()}'
   env = {**os.environ, **on_devices(2)}
   return [subprocess.Popen(
       [sys.executable, 'train.py', *args, f'--workdir={workdir_of(i)}', address,
@@ -47,43 +50,53 @@ def finish(processes: list[subprocess.Popen]) -> list[tuple[str, str]]:
       p.kill()
 
 
-@pytest.mark.slow
-def test_two_processes_of_two_devices_match_one_process_of_four(tmp_path, mnist_dir):
-  args = [CONFIG, *override_flags(parallel='mesh', **SETTINGS)]
-  reference = run_train(*args, f'--workdir={tmp_path / "one"}', env=on_devices(4))
-  assert reference.returncode == 0, reference.stderr
+ARGS = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': 6, 'checkpoint_every_epochs': 2,
+                                   'data__train_split': 'train[:2048]'})]
 
-  shared = tmp_path / 'shared'
-  processes = launch_two_processes(args, lambda i: shared)
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory, mnist_dir):
+  """A two-process run of ARGS, never stopped: (its run directory, each process's stdout)."""
+  shared = tmp_path_factory.mktemp('uninterrupted')
+  processes = launch_two_processes(ARGS, lambda i: shared)
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+  return shared, [out for out, _ in outputs]
 
-  assert_same_numbers(read_metrics(shared), read_metrics(tmp_path / 'one'))
-  first, second = outputs[0][0], outputs[1][0]
+
+@pytest.mark.slow
+def test_two_processes_of_two_devices_match_one_process_of_four(uninterrupted, tmp_path):
+  reference = run_train(*ARGS, f'--workdir={tmp_path / "one"}', env=on_devices(4))
+  assert reference.returncode == 0, reference.stderr
+
+  shared, (first, second) = uninterrupted
+  assert_same_numbers(read_metrics(shared), read_metrics(tmp_path / 'one'), epochs=6,
+                      train_count=2048)
   assert 'mesh on 4 cpu devices in 2 processes, 32 per device per step' in first
-  assert sum(line.startswith('epoch ') for line in first.splitlines()) == 2
+  assert sum(line.startswith('epoch ') for line in first.splitlines()) == 6
+  assert '[Gloo]' not in first + second  # The log has only the run's lines.
   assert len(list(shared.glob('events.out.tfevents.*'))) == 1
   # Process 1 computed the same epochs but printed no log line.
   assert not [line for line in second.splitlines() if line.startswith(('epoch ', 'training'))]
 
   # Run directories local to each host: process 1 cannot see the one process 0 made. Both stop
   # with one line before any checkpoint is written (orbax writes one checkpoint together).
-  processes = launch_two_processes(args, lambda i: tmp_path / f'local{i}')
+  processes = launch_two_processes(ARGS, lambda i: tmp_path / f'local{i}')
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [1, 1]
   for _, err in outputs:
     assert err.strip().splitlines()[-1].startswith(
         'error: process 1 cannot see the run directory that process 0 made')
 
-  # Each host's own copy, one of them behind: process 0 would resume at epoch 2 and process 1
+  # Each host's own copy, one of them behind: process 0 would find epoch 6 and process 1
   # start afresh. Both stop with one line before restoring anything (orbax restores together).
   (tmp_path / 'behind').mkdir()
-  processes = launch_two_processes(args, lambda i: shared if i == 0 else tmp_path / 'behind')
+  processes = launch_two_processes(ARGS, lambda i: shared if i == 0 else tmp_path / 'behind')
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [1, 1]
   for _, err in outputs:
     assert err.strip().splitlines()[-1].startswith(
-        'error: the processes see different checkpoints (newest epoch 2, 0 for processes 0, 1, ...')
+        'error: the processes see different checkpoints (newest epoch 6, 0 for processes 0, 1, ...')
 
 
 def refuse_a_second_job(args: list[str], workdir, first: list[subprocess.Popen]) -> None:
@@ -134,46 +147,88 @@ def test_a_second_job_is_refused_and_sigterm_to_one_process_stops_every_process_
   assert [r['epoch'] for r in read_metrics(workdir)] == list(range(1, epochs + 1))
 
 
-def kill_process_1_in_training(processes: list[subprocess.Popen], workdir, epoch: int) -> float:
-  """kill -9 of process 1 in the epoch after `epoch`, whose checkpoint is complete; returns when.
+def kill_when(processes: list[subprocess.Popen], workdir, victim: int, moment: str) -> float:
+  """kill -9 of process `victim` at `moment`; returns when.
 
-  Saved every 2 epochs, so the next epoch trains (in collectives) with no save waiting on a peer.
+  'at start-up': as soon as the run directory is locked, before any epoch. 'in training': in the
+  epoch after a checkpoint newer than the launch's (saved every 2 epochs, so that epoch trains in
+  collectives with no save waiting on a peer). 'during a save': while orbax writes a checkpoint
+  (its temporary folder is there, the epoch's folder not yet).
   """
+  at_launch, launched = newest_checkpoint(workdir), time.time()
+
+  def saving(name: str, names: set[str]) -> bool:  # Not one a killed save left behind.
+    return (name.endswith('.orbax-checkpoint-tmp') and name.split('.')[0] not in names and
+            os.stat(workdir / name).st_mtime >= launched)
+
+  def ready(names: set[str]) -> bool:
+    if moment == 'at start-up':
+      return 'run.lock' in names
+    if moment == 'during a save':
+      return any(saving(name, names) for name in names)
+    newest = newest_checkpoint(workdir)
+    return newest > at_launch and len(read_metrics(workdir)) > newest
+
   deadline = time.monotonic() + 240
-  while not ((workdir / str(epoch)).is_dir() and (workdir / METRICS_FILE).exists()
-             and len((workdir / METRICS_FILE).read_text().splitlines()) > epoch):
+  while not ready(set(os.listdir(workdir)) if workdir.is_dir() else set()):
     assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
-    time.sleep(0.02)
-  processes[1].kill()
+    time.sleep(0.002)
+  processes[victim].kill()
   return time.monotonic()
 
 
-@pytest.mark.slow
-def test_a_lost_process_stops_the_other_in_one_line_and_the_rerun_ends_as_if_never_lost(
-    tmp_path, mnist_dir):
-  args = [CONFIG, *override_flags(**{**SETTINGS, 'num_epochs': 6, 'checkpoint_every_epochs': 2,
-                                     'data__train_split': 'train[:2048]'})]
-  straight, lost = tmp_path / 'straight', tmp_path / 'lost'
-  reference = launch_two_processes(args, lambda i: straight)
-  processes = launch_two_processes(args, lambda i: lost)
-  killed = kill_process_1_in_training(processes, lost, epoch=2)
-  _, stderr = processes[0].communicate(timeout=60)
-  assert processes[0].returncode == 1 and time.monotonic() - killed < 30
-  newest = max(int(p.name) for p in lost.iterdir() if p.name.isdigit())
-  assert stderr.strip().splitlines() == [
-      'error: a process of the run was lost (it stopped, or its host or network went down); the '
-      f'newest checkpoint is epoch {newest} in {lost}; rerun the same command on every host to '
-      'resume from it']  # One line: no traceback, no stack dump.
-  processes[1].communicate()
-  outputs = finish(reference)
-  assert [p.returncode for p in reference] == [0, 0], [err for _, err in outputs]
-  assert not [out for out, _ in outputs if '[Gloo]' in out]  # The log has only the run's lines.
+def newest_checkpoint(workdir) -> int:
+  names = os.listdir(workdir) if workdir.is_dir() else []
+  return max((int(name) for name in names if name.isdigit()), default=0)
 
-  processes = launch_two_processes(args, lambda i: lost)
+
+def lost_line(workdir, survivor: int, port: int) -> str:
+  """The one line a survivor prints: where the run resumes, and this process's own command."""
+  newest = newest_checkpoint(workdir)
+  where, then = ((f'the newest checkpoint is epoch {newest}', 'resume from it') if newest else
+                 ('no checkpoint was saved yet', 'start again'))
+  command = shlex.join([sys.executable, 'train.py', *ARGS, f'--workdir={workdir}',
+                        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+                        f'--process_id={survivor}'])
+  return ('error: a process of the run was lost (it stopped, or its host or network went down); '
+          f'{where} in {workdir}; to {then}, rerun the same command on every host, here: '
+          f'{command}')
+
+
+@pytest.mark.slow
+def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_never_lost(
+    uninterrupted, tmp_path):
+  """Lost at start-up, in training and during a save, process 0 or 1: each time the survivor
+  ends within seconds in one line (from a failed collective or from JAX's abort, never a
+  traceback or a stack dump), and the run, rerun after each, ends with the uninterrupted numbers."""
+  for victim, moment in [(0, 'at start-up'), (1, 'in training'), (0, 'during a save'),
+                         (0, 'in training')]:
+    port = free_port()
+    processes = launch_two_processes(ARGS, lambda i: tmp_path, port)
+    killed = kill_when(processes, tmp_path, victim, moment)
+    survivor = processes[1 - victim]
+    _, stderr = survivor.communicate(timeout=60)
+    assert survivor.returncode != 0 and time.monotonic() - killed < 30, (victim, moment)
+    assert stderr.strip().splitlines() == [lost_line(tmp_path, 1 - victim, port)], (victim, moment)
+    processes[victim].communicate()
+
+  processes = launch_two_processes(ARGS, lambda i: tmp_path)
   outputs = finish(processes)
   assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
-  assert f'resumed from epoch {newest}' in outputs[0][0]
-  assert without_timings(read_metrics(lost)) == without_timings(read_metrics(straight))
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(uninterrupted[0]))
+
+
+def test_the_relay_says_jax_s_abort_as_the_run_s_line_and_nothing_after_it():
+  out = io.BytesIO()
+  lines = [b'W1123 a warning of the run\n', b'F1123 16:08:06.301057 7202 client.h:80] ' +
+           lost_peers.JAX_ABORT + b'. absl::Status: UNAVAILABLE\n', b'*** Check failure stack\n',
+           b'error: a process of the run was lost (...)\n', b'Fatal Python error: Aborted\n']
+  lost_peers.relay(iter(lines), out, lambda: 'a process of the run was lost;  here:  cmd')
+  assert out.getvalue() == (b'W1123 a warning of the run\n'
+                            b'error: a process of the run was lost; here: cmd\n')
+  out = io.BytesIO()
+  lost_peers.relay(iter(lines[3:]), out, lambda: 'unused')  # The run said it first.
+  assert out.getvalue() == lines[3]
 
 
 BAD_LAUNCHES = {

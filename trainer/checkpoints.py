@@ -152,20 +152,6 @@ def _why(error: BaseException) -> str:
   return f'{type(error).__name__}: {lines[0][:160]}'
 
 
-def newest_saved_epoch(directory: str) -> int | None:
-  """The newest complete checkpoint's epoch, from the folder names alone (no orbax, no peers).
-
-  Orbax writes a save into a temporary folder and renames it to the epoch once complete, so an
-  unfinished save is never counted.
-  """
-  try:
-    epochs = [int(name) for name in os.listdir(directory) if name.isdigit()
-              and os.path.isdir(os.path.join(directory, name))]
-  except OSError:
-    return None
-  return max(epochs, default=None)
-
-
 class _Damaged(Exception):
   """Damage to a checkpoint that can be named (the message says what): it is set aside."""
 

@@ -16,9 +16,6 @@ _JAX_GRACE_S = 30
 # lost peer outside a collective (in a barrier of the coordination service) learns of the loss
 # only when this runs out.
 HEARTBEAT_TIMEOUT_S = 20
-# How a collective, or a barrier of the coordination service, fails once a peer is gone.
-_PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
-                        r'heartbeat|[Bb]arrier')
 
 
 def join(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -78,27 +75,6 @@ def mute_native_stdout() -> None:
   os.dup2(devnull, 1)
   os.close(devnull)
   sys.stdout = os.fdopen(python_stdout, 'w', buffering=1, encoding=sys.stdout.encoding)
-
-
-def lost_a_peer(error: BaseException | None) -> bool:
-  """Whether `error` is a multi-process run's collective or barrier failing for a lost process."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1:
-    return False
-  while error is not None:
-    if isinstance(error, jax.errors.JaxRuntimeError) and _PEER_LOST.search(str(error)):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
-
-
-def lost_peer_message(workdir: str, newest_epoch: int | None) -> str:
-  """What every surviving process says: the run stopped, where it resumes, and the same command."""
-  resume = (f'the newest checkpoint is epoch {newest_epoch} in {workdir}; rerun the same command '
-            'on every host to resume from it' if newest_epoch is not None else
-            f'no checkpoint was saved yet in {workdir}; rerun the same command on every host to '
-            'start again')
-  return (f'a process of the run was lost (it stopped, or its host or network went down); {resume}')
 
 
 def is_primary() -> bool:
