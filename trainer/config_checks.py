@@ -67,7 +67,7 @@ DISTORTION_RANGES = {'rotation': (0, 180, 15), 'scale': (0, 0.9, 0.1), 'shear': 
 def _check_distortion(distort: ml_collections.ConfigDict) -> None:
   for name, (low, high, example) in DISTORTION_RANGES.items():
     value = distort[name]
-    if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and
             low <= value <= high):
       raise ConfigError(f'data.distort.{name}', f'must be a number from {low} to {high}', value,
                         str(example))
