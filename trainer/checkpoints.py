@@ -8,6 +8,7 @@ its state, checked after every restore, and the newest checkpoint that restores 
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import glob
 import hashlib
 import json
@@ -199,6 +200,22 @@ def _orbax_error(record: logging.LogRecord) -> bool:
   return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
 
 
+@functools.cache
+def _write_each_array_whole() -> None:
+  """One replica writes each replicated array, instead of orbax's default on CPUs and TPUs of
+  splitting the write among the replicas: that slices every array on the devices first, which held
+  training up 2-10x longer on 8 devices than on one, for a state of megabytes with nothing to gain.
+  """
+  absl_logger = logging.getLogger('absl')  # Orbax warns of any override, even one meant.
+  level = absl_logger.level
+  absl_logger.setLevel(logging.ERROR)
+  try:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+  finally:
+    absl_logger.setLevel(level)
+
+
 def _mute_orbax_noise() -> None:
   """Silences orbax's own reports of failures that reach the user as one line (warning or error).
 
@@ -277,6 +294,7 @@ class Checkpoints(ClosedOnExit):
     self._read_only = read_only
     self._config = flat_config(config)
     _mute_orbax_noise()
+    _write_each_array_whole()
     # read_only: no folder created, no half-written save cleaned up (it may be a live run's).
     # (Orbax's own read_only option warns on every use, so it is left off: nothing here saves.)
     options = ocp.CheckpointManagerOptions(
