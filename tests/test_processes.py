@@ -171,7 +171,8 @@ def kill_when(processes: list[subprocess.Popen], workdir, victim: int, moment: s
 
   deadline = time.monotonic() + 240
   while not ready(set(os.listdir(workdir)) if workdir.is_dir() else set()):
-    assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+    ended = [p.communicate()[1] for p in processes if p.poll() is not None]
+    assert time.monotonic() < deadline and not ended, (moment, ended)
     time.sleep(0.002)
   processes[victim].kill()
   return time.monotonic()

@@ -14,8 +14,9 @@ from errors import UserError
 _JAX_GRACE_S = 30
 # How long a silent process counts as alive (JAX's default: 100 s). A process that waits on a
 # lost peer outside a collective (in a barrier of the coordination service) learns of the loss
-# only when this runs out.
-HEARTBEAT_TIMEOUT_S = 20
+# only when this runs out; a dead peer's closed connections are noticed at once. At 20 s, processes
+# starved of CPU on a loaded machine (and a job paused for 20 s) were taken for lost.
+HEARTBEAT_TIMEOUT_S = 60
 
 
 def join(coordinator_address: str | None = None, num_processes: int | None = None,
