@@ -3,7 +3,10 @@
   python train.py --config=configs/best.py               # train on 60,000, score the 10,000 test images
   python train.py --config=configs/best.py:validation    # train[:50000], score train[50000:]
 
-Chosen on the validation split (docs/best.md). Measured: see README.md's results.
+Chosen on the validation split (docs/best.md). Test accuracy, seeds 0 / 1 / 2: 99.33% / 99.35% /
+99.27% (mean 99.32%), 1185-1673 s each on 2 CPU cores shared with other work
+(`python -m benchmarks.recipes --config=configs/best.py --recipes=config`). Short of the 99.4% it
+aims at: docs/best.md says what to try next.
 """
 
 import ml_collections
