@@ -29,9 +29,9 @@ class Distortion:
     return any((self.rotation, self.scale, self.shear, self.translate, self.elastic_alpha))
 
 
-def example_keys(key: jax.Array, epoch: jax.Array, indices: jax.Array) -> jax.Array:
-  """One key per example of the batch: (seed, epoch, example), whatever batch or device it is in."""
-  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.fold_in(key, epoch), indices)
+def example_keys(key: jax.Array, time: jax.Array | int, indices: jax.Array) -> jax.Array:
+  """One key per example of the batch, (key, epoch or step, example): whatever batch or device."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.fold_in(key, time), indices)
 
 
 def shift_offsets(key: jax.Array, epoch: jax.Array, indices: jax.Array,

@@ -36,8 +36,7 @@ def dropout_keys(dropout_key: jax.Array, step: jax.Array | int, indices: jax.Arr
 
   Keyed by the example, not the device, so any number of devices and processes draws the same masks.
   """
-  step_key = jax.random.fold_in(dropout_key, step)
-  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(step_key, indices)
+  return augment.example_keys(dropout_key, step, indices)
 
 
 def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
