@@ -556,9 +556,16 @@ def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
   assert_same_params(tmp_path / 'stopped', tmp_path / 'straight', config)
 
 
+@pytest.mark.parametrize('field', sorted(checkpoint.DEFAULTS_OF_NEWER_FIELDS))
+def test_checkpoints_from_before_a_newer_field_count_as_the_default_configs_value(field):
+  """Also keeps the two places that spell these defaults (configs/default.py, the code) in step."""
+  saved = checkpoint.flat_config(make_config())
+  del saved[field]
+  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(make_config())) == []
+
+
 def test_checkpoints_from_before_the_dtype_field_count_as_float32():
   saved = checkpoint.flat_config(make_config())
   del saved['dtype']
-  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(make_config())) == []
   assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
       make_config(dtype='bfloat16'))) == ['dtype']
