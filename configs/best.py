@@ -17,9 +17,9 @@ from configs import default
 def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   """configs/default.py, wider and longer, on digits distorted anew each epoch."""
   config = default.get_config(splits)
-  config.num_epochs = 100
+  config.num_epochs = 200
   config.model.hidden_sizes = (1024, 1024)
-  config.model.dropout_rate = 0.1  # The distortions regularize: 0.2 scored lower on validation.
+  config.model.dropout_rate = 0.0  # The distortions regularize enough: validation chose none.
   config.data.max_shift = 0  # The distortion's translation moves digits by any fraction instead.
   config.data.distort.update(rotation=12.0, scale=0.12, shear=8.0, translate=2.0,
                              elastic_alpha=15.0, elastic_sigma=6.0)
