@@ -21,7 +21,7 @@ from benchmarks import workload
 from configs import default
 from data.mnist import load_split
 from errors import UserError, fail
-from mlp import steps
+from mlp import batches, steps
 from trainer import checkpoints as checkpoint
 from trainer.run_setup import state_template
 
@@ -115,7 +115,8 @@ def measure(data_dir: str) -> None:
   examples = load_split(config.data, config.data.train_split)
   training = _Training(workload.TrainerRun(config, examples))
   training.train()  # Warm-up.
-  template = state_template(config, training.trainer.mesh, len(examples) // config.batch_size)
+  template = state_template(config, training.trainer.mesh,
+                            batches.train_steps(len(examples), config.batch_size))
   with tempfile.TemporaryDirectory() as workdir:
     with checkpoint.Checkpoints(workdir, config) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)

@@ -112,7 +112,7 @@ class TrainerRun:
     self.run_key: jax.Array = self._run.run_key  # Drives every epoch's order and dropout.
     self.placement: str = self._run.programs.placement
     self.mesh: Mesh = self._run.mesh
-    self.images_per_epoch: int = len(examples) // config.batch_size * config.batch_size
+    self.images_per_epoch: int = self._run.steps_per_epoch * config.batch_size
 
   def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
     """Seconds for one epoch (until the state and metrics are on the host), and its metrics."""

@@ -15,6 +15,11 @@ def epoch_permutation(seed_key: jax.Array, epoch: jax.Array, num_examples: int) 
   return jax.random.permutation(jax.random.fold_in(seed_key, epoch), num_examples)
 
 
+def train_steps(num_examples: int, batch_size: int) -> int:
+  """Steps of one training epoch: whole batches only, as shard_steps cuts each epoch's order."""
+  return num_examples // batch_size
+
+
 def shard_steps(order: jax.Array, batch_size: int, num_shards: int,
                 shard: jax.Array | int) -> jax.Array:
   """This shard's example indices per step, [steps, batch_size // num_shards]; drops the remainder.

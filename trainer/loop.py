@@ -10,7 +10,7 @@ from jax.sharding import Mesh
 
 from data.mnist import Examples, load_splits
 from errors import UserError
-from mlp import optim, steps
+from mlp import batches, optim, steps
 from trainer import evaluation
 from trainer import processes
 from trainer.checkpoints import Checkpoints, Restored
@@ -42,7 +42,7 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
             checkpoints: Checkpoints, reporter: Reporter,
             should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Continues from the newest good checkpoint, or starts; a finished run is reported again."""
-  steps_per_epoch = len(train) // config.batch_size
+  steps_per_epoch = batches.train_steps(len(train), config.batch_size)
   restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
   if restored:
     _report_resume(restored, checkpoints, reporter)
@@ -64,14 +64,12 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
            should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
   state, record = run.state, dict[str, float]()
-  assert run.train_data is not None, 'set up to train'
-  steps_per_epoch = len(run.train_data[1]) // config.batch_size
-  schedule = optim.learning_rate_schedule(config, steps_per_epoch)
+  schedule = optim.learning_rate_schedule(config, run.steps_per_epoch)
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
     with reporter.traced(epoch, wanted=epoch == config.profile_epoch):
       state, record = _run_epoch(run, state, epoch, config.batch_size)
     # The rate of the epoch's last update, whose optimizer count was the number of updates before.
-    record['learning_rate'] = float(schedule(epoch * steps_per_epoch - 1))
+    record['learning_rate'] = float(schedule(epoch * run.steps_per_epoch - 1))
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
@@ -95,7 +93,7 @@ def _run_epoch(run: RunSetup, state: steps.TrainState, epoch: int,
   state, train_metrics = run.train_epoch(state, epoch)
   train_seconds = time.perf_counter() - start
   eval_metrics = run.evaluate(state)
-  images = len(run.train_data[1]) // batch_size * batch_size  # type: ignore[index]
+  images = run.steps_per_epoch * batch_size
   return state, {
       'epoch': epoch,
       'train_loss': train_metrics['loss'],

@@ -9,7 +9,7 @@ import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples
-from mlp import epoch, steps
+from mlp import batches, epoch, steps
 from trainer import devices
 
 DeviceData = tuple[jax.Array, jax.Array]  # A split's uint8 images and int32 labels, on every device.
@@ -24,6 +24,7 @@ class RunSetup:
   train_data: DeviceData | None  # None when only evaluating.
   eval_data: DeviceData
   programs: devices.EpochPrograms
+  steps_per_epoch: int  # Training steps per epoch; 0 when only evaluating.
 
   def train_epoch(self, state: steps.TrainState,
                   epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
@@ -56,10 +57,10 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
                evaluation: Examples, state: steps.TrainState | None = None) -> RunSetup:
   """Keys, state (a fresh one unless given), data on the devices and the epoch programs compiled."""
   init_key, run_key = steps.run_keys(config.seed)
+  steps_per_epoch = batches.train_steps(len(train), config.batch_size) if train is not None else 0
   if state is None:
-    steps_per_epoch = len(train) // config.batch_size if train is not None else 1
     # One compiled program, its result born replicated on the mesh (eager init takes seconds).
-    create = lambda key: steps.create_train_state(config, key, steps_per_epoch)
+    create = lambda key: steps.create_train_state(config, key, steps_per_epoch or 1)
     state = jax.jit(create, out_shardings=NamedSharding(mesh, P()))(init_key)
   run_key = devices.replicate(run_key, mesh)
   place = lambda examples: devices.replicate((examples.images, examples.labels), mesh)
@@ -67,7 +68,7 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
   eval_data = place(evaluation)
   mode = devices.choose_mode(config, jax.device_count(), jax.process_count())
   programs = devices.compile_epochs(config, mode, mesh, state, run_key, train_data, eval_data)
-  return RunSetup(mesh, run_key, state, train_data, eval_data, programs)
+  return RunSetup(mesh, run_key, state, train_data, eval_data, programs, steps_per_epoch)
 
 
 @functools.cache
