@@ -116,7 +116,7 @@ def measure(data_dir: str) -> None:
   training = _Training(workload.TrainerRun(config, examples))
   training.train()  # Warm-up.
   template = state_template(config, training.trainer.mesh,
-                            batches.train_steps(len(examples), config.batch_size))
+                            batches.whole_batches(len(examples), config.batch_size))
   with tempfile.TemporaryDirectory() as workdir:
     with checkpoint.Checkpoints(workdir, config) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)

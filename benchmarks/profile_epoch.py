@@ -124,7 +124,7 @@ def report(totals: collections.Counter, ops: dict[str, tuple[str, str]], seconds
   for group, ns in groups.most_common():
     lines.append(f'{per_epoch_ms(ns):9.1f} {ns / op_total:6.1%}  {group}')
   matmul_ns = groups['matmuls (forward and backward)']
-  images = batches.train_steps(len(examples), config.batch_size) * config.batch_size
+  images = batches.whole_batches(len(examples), config.batch_size) * config.batch_size
   flops = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes)) * images * epochs
   if matmul_ns:  # Zero where the backend's trace names kernels, not the program's ops (GPU).
     lines.append(f'matmuls run at {flops / matmul_ns:.1f} GFLOP/s while they run '

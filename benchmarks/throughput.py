@@ -224,7 +224,7 @@ def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
         matmul_size: int) -> dict:
   """The interleaved measurements: per repetition one epoch of the trainer, the loop and the
   matmuls alone, and one square matmul."""
-  steps_per_epoch = batches.train_steps(len(examples), config.batch_size)
+  steps_per_epoch = batches.whole_batches(len(examples), config.batch_size)
   trainer = workload.TrainerRun(config, examples)
   loop = LoopRun(config, examples, trainer)
   matmuls_alone = MatmulsAloneRun(config, examples, trainer)

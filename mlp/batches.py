@@ -15,8 +15,8 @@ def epoch_permutation(seed_key: jax.Array, epoch: jax.Array, num_examples: int) 
   return jax.random.permutation(jax.random.fold_in(seed_key, epoch), num_examples)
 
 
-def train_steps(num_examples: int, batch_size: int) -> int:
-  """Steps of one training epoch: whole batches only, as shard_steps cuts each epoch's order."""
+def whole_batches(num_examples: int, batch_size: int) -> int:
+  """Batches of batch_size in num_examples, the remainder dropped: a training epoch's steps."""
   return num_examples // batch_size
 
 
@@ -27,7 +27,7 @@ def shard_steps(order: jax.Array, batch_size: int, num_shards: int,
   The global batch of step s is order[s * batch_size:(s + 1) * batch_size], split into num_shards
   equal consecutive pieces; shard k takes piece k, so any device count sees the same global batches.
   """
-  steps = order.shape[0] // batch_size
+  steps = whole_batches(order.shape[0], batch_size)
   per_shard = batch_size // num_shards
   table = order[:steps * batch_size].reshape(steps, num_shards, per_shard)
   return jnp.take(table, shard, axis=1)

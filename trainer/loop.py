@@ -42,7 +42,7 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
             checkpoints: Checkpoints, reporter: Reporter,
             should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Continues from the newest good checkpoint, or starts; a finished run is reported again."""
-  steps_per_epoch = batches.train_steps(len(train), config.batch_size)
+  steps_per_epoch = batches.whole_batches(len(train), config.batch_size)
   restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
   if restored:
     _report_resume(restored, checkpoints, reporter)

@@ -57,7 +57,7 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
                evaluation: Examples, state: steps.TrainState | None = None) -> RunSetup:
   """Keys, state (a fresh one unless given), data on the devices and the epoch programs compiled."""
   init_key, run_key = steps.run_keys(config.seed)
-  steps_per_epoch = batches.train_steps(len(train), config.batch_size) if train is not None else 0
+  steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
   if state is None:
     # One compiled program, its result born replicated on the mesh (eager init takes seconds).
     create = lambda key: steps.create_train_state(config, key, steps_per_epoch or 1)
