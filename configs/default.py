@@ -45,8 +45,8 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
 
   config.data = ml_collections.ConfigDict()
   config.data.source = 'idx'  # idx (MNIST's files, no TensorFlow) | tfds
-  # idx: folder of MNIST's four files, gzipped or not; '' is the copy in data/mnist.
-  # tfds: an optional folder of the four .gz files for offline use; '' downloads them.
+  # Folder of MNIST's four files; '' is the copy in data/mnist (both sources: no run downloads).
+  # idx: any faithful copy, gzipped or not; tfds: the canonical .gz files, which TFDS prepares from.
   config.data.dir = ''
   config.data.tfds_data_dir = ''  # Where TFDS keeps prepared data; '' is TFDS's default.
   config.data.train_split, config.data.eval_split = SPLITS[splits]  # TFDS split syntax.

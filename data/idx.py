@@ -65,9 +65,14 @@ def _parse(payload: bytes, magic: int) -> np.ndarray:
   return np.frombuffer(payload, dtype=np.uint8, offset=4 * (1 + ndim)).reshape(shape)
 
 
+def data_folder(folder: str) -> pathlib.Path:
+  """The folder data.dir names, for either source: '' is the carried copy, so no run downloads."""
+  return pathlib.Path(folder).expanduser() if folder else CARRIED
+
+
 def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
   """Returns split `name` whole: images uint8 [N, 28, 28], labels int32 [N]; '' reads the carried copy."""
-  root = pathlib.Path(folder).expanduser() if folder else CARRIED
+  root = data_folder(folder)
   if not root.is_dir():
     raise UserError(f'data folder {root} does not exist; set --config.data.dir to the folder '
                     'that holds the MNIST files')
