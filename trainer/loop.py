@@ -73,6 +73,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
+    # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
     stop = processes.agree_to_stop(should_stop())
     if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
       checkpoints.save(epoch, state, run.run_key)
