@@ -51,6 +51,9 @@ BAD_INPUTS = {
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
     'missing data folder': ([CONFIG, *override_flags(data__dir='/nonexistent/mnist')],
                             'does not exist'),
+    'seed past 64 bits': ([CONFIG, '--config.seed=9223372036854775808'],
+                          'seed must be an integer from 0 to 4294967295 (a JAX key holds 32 bits), '
+                          'got 9223372036854775808; pass --config.seed=0'),
 }
 
 
@@ -83,6 +86,9 @@ BAD_CONFIGS = {
                                     '--config.profile_epoch=1'),
     'batch larger than the split': (dict(batch_size=8001), 'batch_size', '8001',
                                     '--config.batch_size=8000'),
+    'seed that a JAX key cannot tell from 0': (dict(seed=2**32), 'seed', '4294967296',
+                                               '--config.seed=0'),
+    'negative seed': (dict(seed=-1), 'seed', '-1', '--config.seed=0'),
 }
 
 
