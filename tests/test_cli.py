@@ -5,7 +5,9 @@ import shutil
 import subprocess
 import sys
 
+import ml_collections
 import pytest
+from absl import flags
 
 import train
 from errors import UserError
@@ -92,10 +94,15 @@ BAD_CONFIGS = {
 }
 
 
+def load_config(path) -> ml_collections.ConfigDict:
+  """A config file, loaded by the parser of train.py's --config flag."""
+  return flags.FLAGS['config'].parser.parse(str(path))
+
+
 @pytest.mark.parametrize('config_file', sorted((ROOT / 'configs').glob('[!_]*.py')),
                          ids=lambda path: path.name)
 def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
-  config = train.ConfigFileParser('config').parse(str(config_file))
+  config = load_config(config_file)
   config_checks.validate(config)
   assert config_flag_names(config) == config_flag_names(make_config())  # No field of its own.
 
@@ -127,7 +134,7 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
   config_file = tmp_path / 'broken.py'
   config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
   with pytest.raises(train.ConfigFileFailed) as error:
-    train.ConfigFileParser('config').parse(str(config_file))
+    load_config(config_file)
   assert str(error.value) == (
       f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
       'pass --config=configs/default.py')
