@@ -12,7 +12,6 @@ import ml_collections
 from absl import app
 from absl import flags
 from ml_collections import config_flags
-from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from errors import ConfigError, UserError, fail
 
@@ -21,16 +20,19 @@ class ConfigFileFailed(Exception):
   """The config file's own code raised: one line naming the exception and the file."""
 
 
-class ConfigFileParser(ConfigFileFlagParser):
-  """ml_collections' loader, keeping an exception of the file's code apart from override typos."""
+class ConfigFileParser(flags.ArgumentParser):
+  """ml_collections' own loader, keeping an exception of the file's code apart from override typos."""
 
-  def parse(self, path):
+  def __init__(self, loader: flags.ArgumentParser):
+    self.loader = loader
+
+  def parse(self, argument: str) -> ml_collections.ConfigDict:
     try:
-      return super().parse(path)
+      return self.loader.parse(argument)
     except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
       # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
-      cause = error.__context__ if 'Error whilst parsing' in str(error) else error
-      file = os.path.abspath(path.split(':', 1)[0])
+      cause = (error.__context__ if 'Error whilst parsing' in str(error) else None) or error
+      file = os.path.abspath(argument.split(':', 1)[0])
       lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
                if os.path.abspath(f.filename) == file]
       where = f'{file}, line {lines[-1]}' if lines else file
@@ -39,11 +41,15 @@ class ConfigFileParser(ConfigFileFlagParser):
                              f'{": " + text if text else ""} ({where}); fix it, or pass '
                              '--config=configs/default.py') from None
 
+  def flag_type(self) -> str:
+    return self.loader.flag_type()
+
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
     lock_config=True)
-flags.FLAGS['config'].parser = ConfigFileParser('config', lock_config=True)
+# Flag.parser is absl's public attribute; ml_collections takes no parser of our own.
+flags.FLAGS['config'].parser = ConfigFileParser(flags.FLAGS['config'].parser)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
     '(default: checkpoints/<config file name>).')

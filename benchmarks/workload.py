@@ -16,7 +16,7 @@ from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
 from errors import UserError, fail
 from mlp import steps
-from trainer.run_setup import make_mesh, set_up_run
+from trainer.run_setup import place, set_up_run
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ class TrainerRun:
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                state: steps.TrainState | None = None):
     """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
-    self._run = set_up_run(config, make_mesh(config), examples, examples, state)
+    self._run = set_up_run(config, place(config), examples, examples, state)
     self._state = self._run.state
     # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
     # start from it to train exactly what the trainer trains.

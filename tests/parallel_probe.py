@@ -16,7 +16,7 @@ from data.mnist import load_split
 from tests.conftest import make_config
 from trainer import devices
 from trainer import loop
-from trainer.run_setup import make_mesh, set_up_run
+from trainer.run_setup import place, set_up_run
 
 # Dropout, pixel shifts and distortions on, all keyed by example, so one device and many compute the same
 # function of the same global batches: 32 steps of 128 for 2 epochs. 1 and 8 devices add the
@@ -46,11 +46,10 @@ def same(a, b) -> bool:
 
 def walk_replicated_state(config) -> dict:
   """One epoch on the mesh, then epoch 2 twice: straight on, and from a host copy put back."""
-  mesh = make_mesh(config)
   train = load_split(config.data, config.data.train_split)
-  run = set_up_run(config, mesh, train, load_split(config.data, config.data.eval_split))
+  run = set_up_run(config, place(config), train, load_split(config.data, config.data.eval_split))
   initial = jax.device_get(run.state)
-  report = {'mesh_size': mesh.size, 'initial_shapes': shapes(initial),
+  report = {'mesh_size': run.mesh.size, 'initial_shapes': shapes(initial),
             'replicated': all(x.sharding.is_fully_replicated and x.sharding.mesh.size == 8
                               for x in jax.tree.leaves(run.state))}
   state, report['train_metrics'] = run.train_epoch(run.state, 1)
@@ -58,7 +57,7 @@ def walk_replicated_state(config) -> dict:
   after_one = jax.device_get(state)
   report['host_shapes'] = shapes(after_one)
   report['host_step'] = int(after_one.step)
-  resumed, resumed_metrics = run.train_epoch(devices.replicate(after_one, mesh), 2)
+  resumed, resumed_metrics = run.train_epoch(devices.replicate(after_one, run.mesh), 2)
   straight, straight_metrics = run.train_epoch(state, 2)
   report['resumed_metrics_equal'] = straight_metrics == resumed_metrics
   report['resumed_state_equal'] = same(jax.device_get(straight), jax.device_get(resumed))

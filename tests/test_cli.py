@@ -5,7 +5,9 @@ import shutil
 import subprocess
 import sys
 
+import ml_collections
 import pytest
+from absl import flags
 
 import train
 from errors import UserError
@@ -51,6 +53,9 @@ BAD_INPUTS = {
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
     'missing data folder': ([CONFIG, *override_flags(data__dir='/nonexistent/mnist')],
                             'does not exist'),
+    'seed past 64 bits': ([CONFIG, '--config.seed=9223372036854775808'],
+                          'seed must be an integer from 0 to 4294967295 (a JAX key holds 32 bits), '
+                          'got 9223372036854775808; pass --config.seed=0'),
 }
 
 
@@ -83,13 +88,21 @@ BAD_CONFIGS = {
                                     '--config.profile_epoch=1'),
     'batch larger than the split': (dict(batch_size=8001), 'batch_size', '8001',
                                     '--config.batch_size=8000'),
+    'seed that a JAX key cannot tell from 0': (dict(seed=2**32), 'seed', '4294967296',
+                                               '--config.seed=0'),
+    'negative seed': (dict(seed=-1), 'seed', '-1', '--config.seed=0'),
 }
+
+
+def load_config(path) -> ml_collections.ConfigDict:
+  """A config file, loaded by the parser of train.py's --config flag."""
+  return flags.FLAGS['config'].parser.parse(str(path))
 
 
 @pytest.mark.parametrize('config_file', sorted((ROOT / 'configs').glob('[!_]*.py')),
                          ids=lambda path: path.name)
 def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
-  config = train.ConfigFileParser('config').parse(str(config_file))
+  config = load_config(config_file)
   config_checks.validate(config)
   assert config_flag_names(config) == config_flag_names(make_config())  # No field of its own.
 
@@ -121,7 +134,7 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
   config_file = tmp_path / 'broken.py'
   config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
   with pytest.raises(train.ConfigFileFailed) as error:
-    train.ConfigFileParser('config').parse(str(config_file))
+    load_config(config_file)
   assert str(error.value) == (
       f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
       'pass --config=configs/default.py')

@@ -1,5 +1,7 @@
 """The compilation cache: where it lives, runs that share it, and a cache that cannot be written."""
 
+import json
+import pathlib
 import subprocess
 import sys
 import warnings
@@ -36,10 +38,23 @@ def test_jax_cache_failures_are_one_warning_and_other_warnings_pass(recwarn):
   assert [str(w.message) for w in recwarn] == ['something else']
 
 
+# train.py as a user launches it, counting JAX's compilation cache events (jax.monitoring, JAX's
+# public instrumentation) into the file named first.
+COUNTING = """
+import atexit, collections, json, pathlib, runpy, sys
+import jax.monitoring
+counts, path = collections.Counter(), pathlib.Path(sys.argv.pop(1))
+jax.monitoring.register_event_listener(lambda event, **_: counts.update([event]))
+atexit.register(lambda: path.write_text(json.dumps(counts)))
+sys.argv = sys.argv[1:]
+runpy.run_path('train.py', run_name='__main__')
+"""
+
+
 def launch(workdir, cache) -> subprocess.Popen:
   return subprocess.Popen(
-      [sys.executable, 'train.py', *QUICK, *override_flags(), f'--workdir={workdir}',
-       f'--compilation_cache={cache}'],
+      [sys.executable, '-c', COUNTING, f'{workdir}.events', 'train.py', *QUICK, *override_flags(),
+       f'--workdir={workdir}', f'--compilation_cache={cache}'],
       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -54,9 +69,12 @@ def finish(processes: list[subprocess.Popen]) -> list[str]:
   return [err for _, err in outputs]
 
 
-def entries(cache) -> dict[str, bytes]:
-  """Each cached program's last-read stamp, by name (JAX writes one at every read)."""
-  return {p.name: p.read_bytes() for p in cache.glob('*-atime')}
+def cache_events(workdir) -> dict[str, int]:
+  """How often the run's programs went to the cache (requests), loaded from it (hits), were
+  compiled and written to it (misses)."""
+  counts = json.loads(pathlib.Path(f'{workdir}.events').read_text())
+  prefix = '/jax/compilation_cache/'
+  return {name.removeprefix(prefix): n for name, n in counts.items() if name.startswith(prefix)}
 
 
 @pytest.mark.slow
@@ -64,16 +82,18 @@ def test_runs_share_the_cache_read_it_back_and_train_the_same_numbers(tmp_path, 
   cache = tmp_path / 'cache'
   # Two runs at once on an empty cache: both compile and write the same programs.
   assert finish([launch(tmp_path / 'a', cache), launch(tmp_path / 'b', cache)]) == ['', '']
-  written = entries(cache)
-  assert len(written) >= 3 and len(list(cache.glob('*-cache'))) == len(written)
+  compiled = [cache_events(tmp_path / run).get('cache_misses', 0) for run in ('a', 'b')]
+  assert sum(compiled) >= 3 and any(cache.iterdir())  # Compiled, and written for later launches.
   blocker = tmp_path / 'a_file'
   blocker.write_text('')
   warm, unwritable = finish([launch(tmp_path / 'warm', cache),
                              launch(tmp_path / 'none', blocker / 'cache')])
   assert warm == ''
-  read_back = entries(cache)
-  assert read_back.keys() == written.keys()  # Nothing new compiled,
-  assert all(read_back[name] != written[name] for name in written)  # every program read back.
+  relaunched = cache_events(tmp_path / 'warm')
+  # Every program loaded from the cache, none compiled.
+  assert relaunched['cache_hits'] == relaunched['compile_requests_use_cache'] >= 3
+  assert 'cache_misses' not in relaunched
+  assert 'compile_requests_use_cache' not in cache_events(tmp_path / 'none')
   assert unwritable.splitlines() == [
       f'warning: the compilation cache {blocker / "cache"} cannot be used (Not a directory); this '
       'run compiles every program itself (pass --compilation_cache=FOLDER, or '

@@ -10,7 +10,7 @@ import pytest
 from tensorboardX.proto.event_pb2 import Event
 
 from data.mnist import load_split
-from trainer.run_setup import make_mesh, set_up_run
+from trainer.run_setup import place, set_up_run
 from mlp import optim, steps
 from trainer import loop
 from tests.conftest import make_config, read_metrics
@@ -59,7 +59,7 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run = set_up_run(config, make_mesh(config), None, examples)
+  run = set_up_run(config, place(config), None, examples)
   state = jax.device_get(run.state)
   sums = jax.device_get(run.programs.evaluate(run.state, *run.eval_data))
   assert int(sums['count']) == 1999

@@ -1,8 +1,4 @@
-"""JAX's persistent compilation cache, shared by every run of a user: a relaunch loads its programs.
-
-The cache is an optimization only: a folder that cannot be used, or an entry that cannot be read or
-written, costs a compile and at most one warning, never the run.
-"""
+"""What JAX's compilation cache lacks: a default folder, checked first, its failures one warning."""
 
 import contextlib
 import os

@@ -23,8 +23,6 @@ def _is_int(value) -> bool:
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-
-
 def _get(config: ml_collections.ConfigDict, field: str):
   for name in field.split('.'):
     config = config[name]
@@ -35,6 +33,10 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
   for name in POSITIVE_INTEGERS:
     if not _is_int(config[name]) or config[name] < 1:
       raise ConfigError(name, 'must be a positive integer', config[name], 'N')
+  # jax.random.key keeps a seed's low 32 bits (64-bit integers off): 2**32 would rerun seed 0.
+  if not _is_int(config.seed) or not 0 <= config.seed < 2**32:
+    raise ConfigError('seed', f'must be an integer from 0 to {2**32 - 1} (a JAX key holds 32 '
+                      'bits)', config.seed, '0')
   for name in ('num_devices', 'profile_epoch'):
     if not _is_int(config[name]) or config[name] < 0:
       raise ConfigError(name, 'must be an integer >= 0', config[name], 'N')

@@ -3,12 +3,12 @@
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from errors import ConfigError
 from mlp import augment
@@ -44,10 +44,17 @@ def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_co
   return mode
 
 
+class Placement(NamedTuple):
+  """Where a config's epochs run: its parallel mode, chosen once, and the mesh for it."""
+  mode: str  # 'jit', 'mesh' or 'pmap'.
+  mesh: Mesh
+
+
 def make_mesh(mode: str) -> Mesh:
   """The `data` axis over every device of every process; one device for jit."""
   devices = jax.devices()[:1] if mode == 'jit' else jax.devices()
-  return Mesh(np.array(devices), (AXIS,))
+  # Auto axes, as Mesh's own default: the epochs are written for them, not for explicit sharding.
+  return jax.make_mesh((len(devices),), (AXIS,), (AxisType.Auto,), devices=devices)
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -90,10 +97,11 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
   return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
 
 
-def compile_epochs(config: ml_collections.ConfigDict, mode: str, mesh: Mesh, state: Any,
+def compile_epochs(config: ml_collections.ConfigDict, placement: Placement, state: Any,
                    seed_key: jax.Array, train_data: tuple | None,
                    eval_data: tuple) -> EpochPrograms:
   """The config's epoch programs for these arguments, compiled ahead so epochs time training alone."""
+  mode, mesh = placement
   axis = None if mode == 'jit' else AXIS
   train = None
   if train_data is not None:

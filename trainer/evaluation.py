@@ -5,7 +5,6 @@ import os
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh
 
 from data.mnist import Examples, load_split
 from errors import UserError
@@ -13,7 +12,8 @@ from mlp import steps
 from trainer import pictures, processes
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.reporting import Reporter, format_line
-from trainer.run_setup import RunSetup, make_mesh, predict_logits, set_up_run, state_template
+from trainer.devices import Placement
+from trainer.run_setup import RunSetup, place, predict_logits, set_up_run, state_template
 
 
 def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainState, epoch: int,
@@ -32,10 +32,10 @@ def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainS
   return per_digit
 
 
-def _score(config: ml_collections.ConfigDict, mesh: Mesh, restored: Restored,
+def _score(config: ml_collections.ConfigDict, placement: Placement, restored: Restored,
            examples: Examples, reporter: Reporter) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
-  run = set_up_run(config, mesh, None, examples, restored.state)
+  run = set_up_run(config, placement, None, examples, restored.state)
   metrics = run.evaluate(restored.state)
   return {'epoch': restored.epoch, 'eval_split': config.data.eval_split,
           'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy'],
@@ -48,22 +48,22 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict
                       'same command without --config.eval_only=True) or pass the run\'s --workdir')
   if not os.path.isdir(workdir):
     raise missing
-  mesh = make_mesh(config)
+  placement = place(config)
   examples = load_split(config.data, config.data.eval_split)
   reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
   # read_only: leaves a live run's files be.
   with Checkpoints(workdir, config, read_only=True) as checkpoints, reporter:
-    restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch=1))
+    restored = checkpoints.restore(state_template(config, placement.mesh, steps_per_epoch=1))
     if restored is None:
       raise missing
     for epoch, why in restored.damaged:
       reporter.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
-    record = _score(config, mesh, restored, examples, reporter)
+    record = _score(config, placement, restored, examples, reporter)
     reporter.evaluation(record)
   return record
 
 
-def report_finished(config: ml_collections.ConfigDict, mesh: Mesh, restored: Restored,
+def report_finished(config: ml_collections.ConfigDict, placement: Placement, restored: Restored,
                     examples: Examples, reporter: Reporter) -> dict:
   """A rerun of a finished run: its final metrics again, evaluated now on this run's eval split.
 
@@ -71,7 +71,7 @@ def report_finished(config: ml_collections.ConfigDict, mesh: Mesh, restored: Res
   """
   reporter.log(f'nothing to train: the checkpoint is at epoch {restored.epoch} and num_epochs is '
                f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
-  evaluated = _score(config, mesh, restored, examples, reporter)
+  evaluated = _score(config, placement, restored, examples, reporter)
   recorded = reporter.recorded(restored.epoch)
   if recorded:
     record = {**recorded, 'eval_loss': evaluated['eval_loss'],

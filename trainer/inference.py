@@ -2,6 +2,7 @@
 
 import os
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -34,7 +35,6 @@ def restore_run(workdir: str) -> tuple[ml_collections.ConfigDict, Restored]:
 
 def probabilities(config: ml_collections.ConfigDict, restored: Restored,
                   images: np.ndarray) -> np.ndarray:
-  """float64 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  logits = predict_logits(restored.state, images, config.eval_batch_size).astype(np.float64)
-  exp = np.exp(logits - logits.max(axis=1, keepdims=True))
-  return exp / exp.sum(axis=1, keepdims=True)
+  """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
+  logits = predict_logits(restored.state, images, config.eval_batch_size)
+  return np.asarray(jax.nn.softmax(logits, axis=1))

@@ -6,8 +6,6 @@ from collections.abc import Callable
 
 import ml_collections
 
-from jax.sharding import Mesh
-
 from data.mnist import Examples, load_splits
 from errors import UserError
 from mlp import batches, optim, steps
@@ -17,7 +15,8 @@ from trainer.checkpoints import Checkpoints, Restored
 from trainer.preemption import Preempted
 from trainer.reporting import Reporter
 from trainer.run_lock import RunLock
-from trainer.run_setup import RunSetup, make_mesh, set_up_run, state_template
+from trainer.devices import Placement
+from trainer.run_setup import RunSetup, place, set_up_run, state_template
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
@@ -28,30 +27,30 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   and at the end. `should_stop` is asked after each epoch: a signal name from it saves a checkpoint
   and raises Preempted. A finished run is evaluated and reported again.
   """
-  mesh = make_mesh(config)  # Checks the devices against the config before any work.
+  placement = place(config)  # Checks the devices against the config before any work.
   train, examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
   reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
   # Before orbax tidies the folder. Process 0 takes it; a refusal stops every process.
   with RunLock(workdir, enabled=processes.is_primary(), everyone=processes.everyone):
     processes.check_shared_directory(workdir)
     with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
-      return _resume(config, train, examples, mesh, checkpoints, reporter, should_stop)
+      return _resume(config, train, examples, placement, checkpoints, reporter, should_stop)
 
 
-def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Examples, mesh: Mesh,
-            checkpoints: Checkpoints, reporter: Reporter,
+def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Examples,
+            placement: Placement, checkpoints: Checkpoints, reporter: Reporter,
             should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Continues from the newest good checkpoint, or starts; a finished run is reported again."""
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size)
-  restored = checkpoints.restore(state_template(config, mesh, steps_per_epoch))
+  restored = checkpoints.restore(state_template(config, placement.mesh, steps_per_epoch))
   if restored:
     _report_resume(restored, checkpoints, reporter)
   start_epoch = restored.epoch if restored else 0
   reporter.start(start_epoch)
   if restored and start_epoch >= config.num_epochs:  # num_epochs >= 1: restored.
-    return evaluation.report_finished(config, mesh, restored, examples, reporter)
+    return evaluation.report_finished(config, placement, restored, examples, reporter)
   compile_start = time.perf_counter()
-  run = set_up_run(config, mesh, train, examples, restored.state if restored else None)
+  run = set_up_run(config, placement, train, examples, restored.state if restored else None)
   reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
                f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
                f'{config.batch_size} per epoch in {config.dtype}, {run.programs.placement}; '
@@ -73,6 +72,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
+    # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
     stop = processes.agree_to_stop(should_stop())
     if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
       checkpoints.save(epoch, state, run.run_key)

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from errors import UserError
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
@@ -86,15 +88,13 @@ def is_primary() -> bool:
 
 def _gather(value: int) -> list[int]:
   """`value` from every process, in process order (a collective: every process must call it)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   return [int(v) for v in np.ravel(multihost_utils.process_allgather(np.int32(value)))]
 
 
 def everyone(ok: bool) -> bool:
   """Whether `ok` holds on every process (a collective: every process must call it)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return ok if jax.process_count() == 1 else all(_gather(int(ok)))
+  return all(_gather(int(ok)))
 
 
 def agree_to_stop(signal_name: str | None) -> str | None:
@@ -103,33 +103,26 @@ def agree_to_stop(signal_name: str | None) -> str | None:
   A preempted host may be the only one signalled; without this, it would wait in the checkpoint
   save for peers that train on.
   """
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1:
-    return signal_name
-  code = signal.Signals[signal_name].value if signal_name else 0
-  asked = [c for c in _gather(code) if c]
-  return signal_name or (signal.Signals(asked[0]).name if asked else None)
+  asked = max(_gather(signal.Signals[signal_name].value if signal_name else 0))
+  return signal_name or (signal.Signals(asked).name if asked else None)
 
 
 def check_same_checkpoints(newest_epoch: int) -> None:
   """Every process must see the same newest checkpoint before any restores: orbax restores together."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1:
-    return
-  epochs = _gather(newest_epoch)
-  if len(set(epochs)) > 1:
-    newest = ', '.join(map(str, epochs))
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  try:
+    multihost_utils.assert_equal(np.int32(newest_epoch))
+  except AssertionError as error:  # On every process: each sees the others' epochs differ.
+    newest = ', '.join(map(str, _gather(newest_epoch)))
     raise UserError(f'the processes see different checkpoints (newest epoch {newest} for processes '
                     '0, 1, ...; 0: none): give every process the same --workdir on storage they '
-                    'all share')
+                    'all share') from error
 
 
 def check_shared_directory(workdir: str) -> None:
   """Every process must see the run directory process 0 made: they all write one checkpoint."""
-  import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_count() == 1:
-    return
-  _gather(0)  # A barrier: process 0 has made the directory once every process is past it.
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  multihost_utils.sync_global_devices('run directory made')  # Process 0 made it before this.
   seen = _gather(int(os.path.isdir(workdir)))
   if not all(seen):
     missing = ', '.join(str(i) for i, ok in enumerate(seen) if not ok)

@@ -60,15 +60,14 @@ def read_records(workdir: str) -> list[dict]:
   return records
 
 
-def keep_records_through(workdir: str, epoch: int) -> list[dict]:
-  """Drops metrics.jsonl lines past `epoch`, so a resumed run appends no epoch twice; returns the rest."""
+def keep_records_through(workdir: str, epoch: int) -> None:
+  """Drops metrics.jsonl lines past `epoch`, so a resumed run appends no epoch twice."""
   path = os.path.join(workdir, METRICS_FILE)
   kept = [r for r in read_records(workdir) if int(r.get('epoch', 0)) <= epoch]
   if os.path.exists(path):
     with open(path + '.tmp', 'w', encoding='utf-8') as f:
       f.writelines(json.dumps(r) + '\n' for r in kept)
     os.replace(path + '.tmp', path)
-  return kept
 
 
 def _make_run_directory(workdir: str) -> None:
@@ -112,8 +111,8 @@ def _writing(path: str) -> Iterator[str]:
 class Reporter(ClosedOnExit):
   """The run's one voice: log lines, warnings, and the run directory's metrics and events.
 
-  metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch` and rebuilds
-  the TensorBoard scalars from the rest in a new events file that purges all older ones.
+  metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch`, and has
+  TensorBoard drop its events past `epoch` too, the way SummaryWriter(purge_step=) does.
   In a multi-process run only process 0 reports (`enabled`): the others compute the same records
   and say nothing, so there is one set of files and one log.
   """
@@ -134,16 +133,14 @@ class Reporter(ClosedOnExit):
     if not self._enabled:
       return
     with _writing(self._workdir):
-      kept = keep_records_through(self._workdir, start_epoch)
+      keep_records_through(self._workdir, start_epoch)
       # The suffix keeps a run resumed in the same second from overwriting the last one's events.
-      # Written here, not by a background thread: a full disk then stops the run with one line
-      # (tensorboardX's SummaryWriter thread dies on it, and the next writes block forever).
       self._writer = self._events_file(f'.from-epoch-{start_epoch}')
-      # A restart at step 1: TensorBoard drops every older event from step 1 on.
-      self._writer.write_event(Event(step=1, wall_time=time.time(),
+      # SummaryWriter(purge_step=start_epoch + 1)'s own restart event, written without its thread:
+      # a full disk kills that thread with a traceback (and another at exit), not one line.
+      self._writer.write_event(Event(step=start_epoch + 1, wall_time=time.time(),
                                      session_log=SessionLog(status=SessionLog.START)))
-      for record in kept:
-        self._add_scalars(record)
+      self._writer.flush()
 
   def write(self, record: dict[str, float]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""

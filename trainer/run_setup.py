@@ -1,7 +1,6 @@
 """One place that builds a run: its mesh, keys, state, resident data and compiled epoch programs."""
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
@@ -38,9 +37,15 @@ class RunSetup:
     return steps.summarize(jax.device_get(self.programs.evaluate(state, *self.eval_data)))
 
 
+def place(config: ml_collections.ConfigDict) -> devices.Placement:
+  """The config's mode and mesh on this machine, or a UserError when the config and devices disagree."""
+  mode = devices.choose_mode(config, jax.device_count(), jax.process_count())
+  return devices.Placement(mode, devices.make_mesh(mode))
+
+
 def make_mesh(config: ml_collections.ConfigDict) -> Mesh:
-  """The config's mesh on this machine, or a UserError when the config and the devices disagree."""
-  return devices.make_mesh(devices.choose_mode(config, jax.device_count(), jax.process_count()))
+  """The config's mesh on this machine (the state's template needs no more), or a UserError."""
+  return place(config).mesh
 
 
 def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
@@ -53,9 +58,11 @@ def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
                       abstract)
 
 
-def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | None,
-               evaluation: Examples, state: steps.TrainState | None = None) -> RunSetup:
+def set_up_run(config: ml_collections.ConfigDict, placement: devices.Placement,
+               train: Examples | None, evaluation: Examples,
+               state: steps.TrainState | None = None) -> RunSetup:
   """Keys, state (a fresh one unless given), data on the devices and the epoch programs compiled."""
+  mesh = placement.mesh
   init_key, run_key = steps.run_keys(config.seed)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
   if state is None:
@@ -63,21 +70,17 @@ def set_up_run(config: ml_collections.ConfigDict, mesh: Mesh, train: Examples | 
     create = lambda key: steps.create_train_state(config, key, steps_per_epoch or 1)
     state = jax.jit(create, out_shardings=NamedSharding(mesh, P()))(init_key)
   run_key = devices.replicate(run_key, mesh)
-  place = lambda examples: devices.replicate((examples.images, examples.labels), mesh)
-  train_data = place(train) if train is not None else None
-  eval_data = place(evaluation)
-  mode = devices.choose_mode(config, jax.device_count(), jax.process_count())
-  programs = devices.compile_epochs(config, mode, mesh, state, run_key, train_data, eval_data)
+  on_mesh = lambda examples: devices.replicate((examples.images, examples.labels), mesh)
+  train_data = on_mesh(train) if train is not None else None
+  eval_data = on_mesh(evaluation)
+  programs = devices.compile_epochs(config, placement, state, run_key, train_data, eval_data)
   return RunSetup(mesh, run_key, state, train_data, eval_data, programs, steps_per_epoch)
 
 
-@functools.cache
-def _predict_program(batch_size: int):
-  """One jitted forward pass per batch size, so that a process compiles each shape once."""
-  return jax.jit(functools.partial(epoch.predict, batch_size=batch_size))
+_predict = jax.jit(epoch.predict, static_argnames='batch_size')  # Compiled once per shape and batch.
 
 
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
                    batch_size: int) -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, in evaluation's batches."""
-  return np.asarray(jax.device_get(_predict_program(batch_size)(state, images)))
+  return np.asarray(jax.device_get(_predict(state, images, batch_size=batch_size)))
