@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 import struct
 
 import jax
@@ -80,3 +81,15 @@ def test_profile_epoch_traces_that_epoch_into_the_run_directory(tmp_path, capsys
   assert 'PjitFunction(jit(train_epoch))' in names  # The epoch's program, and its XLA ops:
   assert any('fusion' in name for name in names)
   assert f'traced epoch 2 into {traces[0].parent}' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('precision, operands', [('default', None), ('high', '{high,high}'),
+                                                 ('highest', '{highest,highest}')])
+def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, operands, mnist_dir):
+  config = make_config(matmul_precision=precision, data__train_split='train[:256]',
+                       data__eval_split='test[:100]')
+  train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
+  programs = set_up_run(config, place(config), train, evaluation).programs
+  for program in (programs.train, programs.evaluate):
+    found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
+    assert found == ({operands} if operands else set())  # XLA's default leaves it unset.

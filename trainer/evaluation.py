@@ -20,7 +20,7 @@ def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainS
            reporter: Reporter) -> list[float]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
   images, labels = (np.asarray(jax.device_get(array)) for array in run.eval_data)
-  predicted = predict_logits(state, run.eval_data[0], config.eval_batch_size).argmax(axis=1)
+  predicted = predict_logits(state, run.eval_data[0], config).argmax(axis=1)
   matrix = pictures.confusion_matrix(labels, predicted)
   where = f'{config.data.eval_split}, checkpoint of epoch {epoch}'
   reporter.pictures({

@@ -36,5 +36,5 @@ def restore_run(workdir: str) -> tuple[ml_collections.ConfigDict, Restored]:
 def probabilities(config: ml_collections.ConfigDict, restored: Restored,
                   images: np.ndarray) -> np.ndarray:
   """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  logits = predict_logits(restored.state, images, config.eval_batch_size)
+  logits = predict_logits(restored.state, images, config)
   return np.asarray(jax.nn.softmax(logits, axis=1))
