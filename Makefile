@@ -1,4 +1,5 @@
-# `make train` and `make test` create the virtual environment on first use.
+# `make train` and `make test` create the virtual environment on first use (`make test` and
+# `make lint` add the tools of requirements-dev.txt).
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
@@ -20,15 +21,15 @@ train: $(VENV)/installed
 	$(PYTHON) train.py --config=$(CONFIG) $(ARGS)
 
 # One test file per worker, on every core (pytest-xdist).
-test: $(VENV)/installed
+test: $(VENV)/installed-dev
 	$(PYTHON) -m pytest -q -n auto --dist=loadfile
 
-test-fast: $(VENV)/installed
+test-fast: $(VENV)/installed-dev
 	$(PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
 
 # The numeric-contract tests compiled for each x86 instruction-set level this CPU offers, by XLA's
 # names (each sums floats in other orders); on another architecture, its native build only.
-test-numbers-every-isa: $(VENV)/installed
+test-numbers-every-isa: $(VENV)/installed-dev
 	@cpu_flags=" $$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "; \
 	levels=""; for pair in SSE4_2:sse4_2 AVX:avx AVX2:avx2 AVX512:avx512f; do \
 	  case "$$cpu_flags" in *" $${pair#*:} "*) levels="$$levels $${pair%%:*}";; esac; done; \

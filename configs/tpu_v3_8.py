@@ -1,8 +1,12 @@
 """TPU v3-8: data parallel over its 8 cores with pmap, global batch 1024 (128 per core per step).
 
-Measured: not run by this project (no TPU was available). How it was checked: its program is the
-one the tests run on 8 simulated CPU devices under pmap, where it gives one device's numbers
-(tests/test_parallel.py); its recipe is default.py's at a larger batch. See docs/parallel.md.
+  python train.py --config=configs/tpu_v3_8.py              # train on 60,000, score the 10,000 test images
+  python train.py --config=configs/tpu_v3_8.py:validation   # train[:50000], score train[50000:]
+
+Measured: not run on a TPU by this project (none was available). Its program is the one the tests
+run on 8 simulated CPU devices under pmap, where it gives one device's numbers
+(tests/test_parallel.py); its recipe is default.py's at batch 1024, with the learning rate chosen
+for that batch on the validation split: 99.09% there (seed 0, on CPU). See docs/parallel.md.
 
 The whole recipe, from a machine with the gcloud CLI:
 
@@ -32,13 +36,14 @@ import ml_collections
 from configs import default
 
 
-def get_config() -> ml_collections.ConfigDict:
+def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   """The default run, spread over the 8 cores of one TPU v3-8 host."""
-  config = default.get_config()
+  config = default.get_config(splits)
   config.parallel = 'pmap'
   config.num_devices = 8
   # 128 examples per core keeps each core's matrix units busy; an epoch is 58 steps, not 468.
   config.batch_size = 1024
-  # The learning rate stays default.py's. It was not tuned for this batch: an earlier comparison
-  # was made on test images, which this project no longer chooses with; redo it with :validation.
+  # Chosen on the validation split (seed 0, 30 epochs, on CPU: the same math): 2e-3 98.89%,
+  # 4e-3 98.97%, 6e-3 99.00%, 8e-3 99.09%, 1.1e-2 98.91%, 1.6e-2 98.73% (docs/parallel.md).
+  config.learning_rate = 8e-3
   return config

@@ -67,22 +67,16 @@ def tiny_run(mnist_dir) -> tuple[list[str], dict]:
 
 
 @pytest.mark.slow
-def test_tiny_run_prints_a_table_then_consistent_figures(tiny_run):
-  table, figures = tiny_run
-  assert all(figures[k] > 0 and math.isfinite(figures[k]) for k in KEYS)
+def test_the_headline_ratios_come_from_the_measured_speeds(tiny_run):
+  """What a reader quotes: trainer over loop, and the ceiling from the measured matmul speed."""
+  figures = tiny_run[1]
   assert figures['images_per_epoch'] == 640 and figures['batch_size'] == 32
   assert figures['data'] == 'real MNIST train[:640] (idx files)'
-  # Every row of the table prints the JSON's median, min and max images/s, and its epoch time.
-  for key, start in ROWS.items():
-    row = next(l for l in table if l.startswith(start))
-    band = figures['spread'][key]
-    assert printed_range(row) == pytest.approx((band['median'], band['min'], band['max']), abs=0.5)
-    assert float(row.rsplit(' ', 1)[1].rstrip('s')) == pytest.approx(
-        640 / band['median'], abs=5e-4)
-  ratio_line = next(l for l in table if l.startswith('trainer / loop:'))
-  band = figures['spread']['ratio_vs_loop']
-  assert printed_range(ratio_line) == pytest.approx(
-      (figures['ratio_vs_loop'], band['min'], band['max']), abs=5e-3)
+  spread = figures['spread']
+  trainer, loop = spread['trainer'], spread['loop']  # Ratios of repeats timed side by side.
+  assert (trainer['min'] / loop['max'] <= spread['ratio_vs_loop']['min']
+          <= figures['ratio_vs_loop'] <= spread['ratio_vs_loop']['max']
+          <= trainer['max'] / loop['min'])
   assert figures['ceiling_images_per_second'] == pytest.approx(
       figures['matmul_gflops'] * 1e9 / figures['flops_per_image'])
 
@@ -102,7 +96,6 @@ def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
 @pytest.mark.slow
 def test_startup_is_two_real_train_py_launches_without_tensorflow(tiny_run):
   figures = tiny_run[1]
-  assert 0.5 < figures['startup_seconds'] < 300
   assert 0 < figures['startup_compile_seconds'] < figures['startup_seconds']
   assert figures['modules_imported_at_startup'] > 100  # jax, flax, optax...: the list was read.
   assert figures['tensorflow_imported_at_startup'] is False
@@ -165,17 +158,7 @@ def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
   lines = out.stdout.strip().splitlines()
   figures = json.loads(lines[-1])
   assert figures['devices'] == 8 and list(figures['modes']) == ['mesh', 'pmap']
-  medians = {}
-  for mode, timed in figures['modes'].items():
-    band = timed['epoch_ms']
-    assert band['min'] > 0
-    assert timed['images_per_second'] == pytest.approx(128 / (band['median'] / 1e3))
-    row = next(l for l in lines if l.startswith(timed['placement']))
-    assert printed_range(row) == pytest.approx((band['median'], band['min'], band['max']),
-                                               abs=5e-3)
-    assert float(row.split()[-1].replace(',', '')) == pytest.approx(
-        timed['images_per_second'], abs=0.5)
-    medians[mode] = band['median']
+  medians = {mode: timed['epoch_ms']['median'] for mode, timed in figures['modes'].items()}
   assert figures['modes']['mesh']['placement'].startswith('mesh on 8 cpu devices, 8 per device')
   assert figures['modes']['pmap']['placement'].startswith('pmap on 8 cpu devices, 8 per device')
   assert figures['mesh_over_pmap'] == pytest.approx(medians['mesh'] / medians['pmap'])
