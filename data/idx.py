@@ -80,8 +80,13 @@ def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
                       'that holds the MNIST files')
     images = _parse(_read_verified(root, images_name), _IMAGES_MAGIC)
     labels = _parse(_read_verified(root, labels_name), _LABELS_MAGIC)
-  except OSError as error:  # No permission to read a file or search its folder, or a disk fault.
-    raise UserError(f'{error.filename or root} cannot be read ({error.strerror}); give this user '
-                    'read access to it and its folder, or set --config.data.dir to a folder '
-                    'that holds a readable copy') from error
+  except OSError as error:
+    raise unreadable(error, root) from error
   return images, labels.astype(np.int32)
+
+
+def unreadable(error: OSError, root: pathlib.Path) -> UserError:
+  """No permission to read a file or search its folder, or a disk fault: the one line to act on."""
+  return UserError(f'{error.filename or root} cannot be read ({error.strerror}); give this user '
+                   'read access to it and its folder, or set --config.data.dir to a folder that '
+                   'holds a readable copy')
