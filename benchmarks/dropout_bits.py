@@ -1,14 +1,17 @@
-"""The trainer's epoch with the model's dropout against Flax's nn.Dropout, side by side in one run.
+"""The default config's epoch with the model's dropout against jax.random.bernoulli, side by side.
 
   python -m benchmarks.dropout_bits [--batch_size=128] [--num_images=8000] [--repeats=11]
 
-Flax's nn.Dropout draws a 32-bit threefry word per unit; the model's dropout draws one per four
-units (mlp/model.py). Both variants run the trainer's epoch (the run set-up) over the same data,
-state and keys, and are timed in turn, so load from other processes hits both alike.
+The model's dropout (mlp/model.py) compares the bytes of threefry words, one word per four units.
+Flax's nn.Dropout calls jax.random.bernoulli: under threefry keys a word per unit; under `rbg` keys
+(jax_default_prng_impl, which then keys the whole run) XLA's RngBitGenerator. Every variant runs
+the trainer's epoch (the run set-up) over the same data and state, timed in turn, so load from
+other processes hits all alike.
 """
 
 import json
 import statistics
+from collections.abc import Iterator
 
 import flax.linen as nn
 import jax
@@ -17,15 +20,19 @@ from absl import app
 from absl import flags
 
 from benchmarks import workload
+from configs import default
 from data.mnist import Examples
 from mlp.model import MLP
 from trainer import devices
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each variant.', lower_bound=1)
+BYTES, THREEFRY, RBG = ('model dropout (bytes, a word per 4 units)',
+                        'nn.Dropout, threefry (a word per unit)',
+                        'nn.Dropout, rbg keys (bernoulli)')
 
 
-class ThreefryDropoutMLP(MLP):
-  """The same MLP with Flax's nn.Dropout, the model's dropout before this project replaced it."""
+class BernoulliDropoutMLP(MLP):
+  """The same MLP with Flax's nn.Dropout, which draws its mask with jax.random.bernoulli."""
 
   @nn.compact
   def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
@@ -36,38 +43,54 @@ class ThreefryDropoutMLP(MLP):
     return nn.Dense(self.num_classes)(x)
 
 
-def time_variants(config: ml_collections.ConfigDict, examples: Examples,
-                  repeats: int) -> dict[str, float]:
-  """Median seconds per epoch of each dropout variant, epochs interleaved."""
+def make_runs(config: ml_collections.ConfigDict,
+              examples: Examples) -> dict[str, workload.TrainerRun]:
+  """The three variants, compiled from the same fresh state; the rbg one keyed by rbg throughout."""
   model_dropout = workload.TrainerRun(config, examples)
-  model = ThreefryDropoutMLP(hidden_sizes=tuple(config.model.hidden_sizes),
-                             dropout_rate=config.model.dropout_rate)
-  # The same fresh state and run set-up, with Flax's dropout in the model the epoch applies.
-  state = devices.replicate(model_dropout.start_state.replace(apply_fn=model.apply),
-                            model_dropout.mesh)
-  runs = {'model dropout (a word per 4 units)': model_dropout,
-          'nn.Dropout (a word per unit)': workload.TrainerRun(config, examples, state)}
-  seconds: dict[str, list[float]] = {name: [] for name in runs}
+  model = BernoulliDropoutMLP(hidden_sizes=tuple(config.model.hidden_sizes),
+                              dropout_rate=config.model.dropout_rate)
+  start = model_dropout.start_state.replace(apply_fn=model.apply)
+  # A copy each: an epoch donates the state it starts from.
+  mesh = model_dropout.mesh
+  fresh = lambda: workload.TrainerRun(config, examples, devices.replicate(start, mesh))
+  runs = {BYTES: model_dropout, THREEFRY: fresh()}
+  previous = jax.config.values['jax_default_prng_impl']
+  jax.config.update('jax_default_prng_impl', 'rbg')  # The run's key, so every key derived from it.
+  try:
+    runs[RBG] = fresh()
+  finally:
+    jax.config.update('jax_default_prng_impl', previous)
+  return runs
+
+
+def interleaved(runs: dict[str, workload.TrainerRun], repeats: int) -> Iterator[tuple[str, float]]:
+  """(variant, seconds) of each timed epoch, the variants taking turns; epoch 0 warms up."""
   for number in range(repeats + 1):
     for name, run in runs.items():
-      epoch_seconds = run.epoch(number)[0]
-      if number:  # Epoch 0 warms up.
-        seconds[name].append(epoch_seconds)
-  return {name: statistics.median(values) for name, values in seconds.items()}
+      seconds = run.epoch(number)[0]
+      if number:
+        yield name, seconds
 
 
 def main(argv: list[str]) -> None:
   del argv
   config = workload.benchmark_config()
+  config.data.max_shift = default.get_config().data.max_shift  # The default's epoch, with shifts.
   examples, description = workload.load_images()
-  medians = time_variants(config, examples, _REPEATS.value)
-  print(f'dropout {config.model.dropout_rate}, batch {config.batch_size}, {description}; median '
-        f'of {_REPEATS.value} interleaved epochs')
-  for name, seconds in medians.items():
-    print(f'{name:40s} {seconds:8.4f}s per epoch')
-  new, old = medians.values()
-  print(f'model dropout / nn.Dropout epoch time: {new / old:.3f}')
-  print(json.dumps({'epoch_seconds': medians, 'ratio': new / old}))
+  runs = make_runs(config, examples)
+  seconds: dict[str, list[float]] = {name: [] for name in runs}
+  for name, value in interleaved(runs, _REPEATS.value):
+    seconds[name].append(value)
+  medians = {name: statistics.median(values) for name, values in seconds.items()}
+  print(f'dropout {config.model.dropout_rate}, batch {config.batch_size}, shifts '
+        f'{config.data.max_shift}, {description}; median of {_REPEATS.value} interleaved epochs')
+  for name, median in medians.items():
+    print(f'{name:42s} {median:8.4f}s per epoch')
+  ratios = {f'{RBG} / {BYTES}': medians[RBG] / medians[BYTES],
+            f'{BYTES} / {THREEFRY}': medians[BYTES] / medians[THREEFRY]}
+  for name, ratio in ratios.items():
+    print(f'{name}: {ratio:.3f}')
+  print(json.dumps({'epoch_seconds': medians, 'ratios': ratios}))
 
 
 if __name__ == '__main__':

@@ -44,7 +44,7 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
 
   config.model = ml_collections.ConfigDict()
   config.model.hidden_sizes = (512, 512)
-  config.model.dropout_rate = 0.2
+  config.model.dropout_rate = 0.2  # In steps of 1/256: 0.2 drops 51/256 = 0.19921875 of units.
 
   config.data = ml_collections.ConfigDict()
   config.data.source = 'idx'  # idx (MNIST's files, no TensorFlow) | tfds

@@ -73,10 +73,20 @@ def data_folder(folder: str) -> pathlib.Path:
 def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
   """Returns split `name` whole: images uint8 [N, 28, 28], labels int32 [N]; '' reads the carried copy."""
   root = data_folder(folder)
-  if not root.is_dir():
-    raise UserError(f'data folder {root} does not exist; set --config.data.dir to the folder '
-                    'that holds the MNIST files')
   images_name, labels_name = FILES[name]
-  images = _parse(_read_verified(root, images_name), _IMAGES_MAGIC)
-  labels = _parse(_read_verified(root, labels_name), _LABELS_MAGIC)
+  try:
+    if not root.is_dir():
+      raise UserError(f'data folder {root} does not exist; set --config.data.dir to the folder '
+                      'that holds the MNIST files')
+    images = _parse(_read_verified(root, images_name), _IMAGES_MAGIC)
+    labels = _parse(_read_verified(root, labels_name), _LABELS_MAGIC)
+  except OSError as error:
+    raise unreadable(error, root) from error
   return images, labels.astype(np.int32)
+
+
+def unreadable(error: OSError, root: pathlib.Path) -> UserError:
+  """No permission to read a file or search its folder, or a disk fault: the one line to act on."""
+  return UserError(f'{error.filename or root} cannot be read ({error.strerror}); give this user '
+                   'read access to it and its folder, or set --config.data.dir to a folder that '
+                   'holds a readable copy')

@@ -13,6 +13,10 @@ from jax.scipy import ndimage
 
 SIDE = 28
 Augment = Callable[[jax.Array], jax.Array]
+# Each purpose's key is jax.random.fold_in(its parent key, the purpose's number), never a split.
+# fold_in(key, i) is split(key)[i] under JAX's default jax_threefry_partitionable: keys as before.
+ORDER, DROPOUT, SHIFT, DISTORTION = range(4)  # Purposes of the run's key.
+AFFINE, FIELD = range(2)  # Purposes of an example's distortion key.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +70,7 @@ def _affine(draws: jax.Array, d: Distortion) -> tuple[jax.Array, jax.Array]:
 
 def source_coordinates(key: jax.Array, d: Distortion) -> jax.Array:
   """[2, 28, 28]: where each output pixel reads the input image, (row, column), for one example."""
-  affine_key, field_key = jax.random.split(key)
+  affine_key, field_key = jax.random.fold_in(key, AFFINE), jax.random.fold_in(key, FIELD)
   matrix, offset = _affine(jax.random.uniform(affine_key, (5,), minval=-1.0, maxval=1.0), d)
   centre = (SIDE - 1) / 2
   grid = jnp.stack(jnp.meshgrid(jnp.arange(SIDE), jnp.arange(SIDE), indexing='ij')) - centre
@@ -92,10 +96,10 @@ def augmenter(seed_key: jax.Array, epoch: jax.Array, indices: jax.Array, max_shi
   """The batch's augmentation of [0, 1] pixels: the shift, then the distortion; None when off."""
   parts: list[Augment] = []
   if max_shift:
-    offsets = shift_offsets(jax.random.fold_in(seed_key, 2), epoch, indices, max_shift)
+    offsets = shift_offsets(jax.random.fold_in(seed_key, SHIFT), epoch, indices, max_shift)
     parts.append(lambda pixels: shift(pixels, offsets, max_shift))
   if distortion:
-    keys = example_keys(jax.random.fold_in(seed_key, 3), epoch, indices)
+    keys = example_keys(jax.random.fold_in(seed_key, DISTORTION), epoch, indices)
     parts.append(lambda pixels: distort(pixels, keys, distortion))
   if not parts:
     return None

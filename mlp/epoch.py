@@ -26,7 +26,8 @@ def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, *, batc
 
   Any loop that follows the plan with `train_batch` trains exactly as `train_epoch` does.
   """
-  order_key, dropout_key = jax.random.split(seed_key)
+  order_key = jax.random.fold_in(seed_key, augment.ORDER)
+  dropout_key = jax.random.fold_in(seed_key, augment.DROPOUT)
   order = batches.epoch_permutation(order_key, epoch, num_examples)
   return batches.shard_steps(order, batch_size, num_shards, shard), dropout_key
 

@@ -1,6 +1,9 @@
 """The data layer: split syntax, checksummed IDX reading, and the on-device batch plan."""
 
+import errno
 import gzip
+import os
+import pathlib
 import subprocess
 import sys
 
@@ -113,6 +116,25 @@ def test_a_damaged_or_missing_file_is_refused_naming_it(mnist_dir, tmp_path):
   (truncated / 't10k-images-idx3-ubyte.gz').unlink()
   with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is missing'):
     load_idx(str(truncated), 'test')
+
+
+def test_an_unreadable_file_is_refused_naming_it_and_the_fix(mnist_dir, tmp_path, monkeypatch):
+  folder = _copy_as(mnist_dir, tmp_path / 'locked')
+  locked, opener = folder / 't10k-labels-idx1-ubyte', pathlib.Path.open
+
+  def open_as_the_os_would(path, *args, **kwargs):
+    if path == locked:  # The OS's own error for a file without read permission.
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return opener(path, *args, **kwargs)
+
+  if os.geteuid():
+    locked.chmod(0)
+  else:  # Root reads any file whatever its permissions (CI runs as root).
+    monkeypatch.setattr(pathlib.Path, 'open', open_as_the_os_would)
+  with pytest.raises(UserError, match=r'^\S*/locked/t10k-labels-idx1-ubyte cannot be read '
+                     r'\(Permission denied\); give this user read access'):
+    load_idx(str(folder), 'test')
+  assert load_idx(str(folder), 'train')[0].shape == (60_000, 28, 28)  # Its other files still read.
 
 
 def test_idx_path_does_not_import_tensorflow(mnist_dir):

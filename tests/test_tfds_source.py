@@ -1,6 +1,9 @@
 """The TFDS source: its real code path offline on the carried files, under mock data, and its one-line errors."""
 
+import errno
 import gzip
+import os
+import pathlib
 import socket
 import time
 
@@ -100,3 +103,20 @@ def test_tfds_is_given_the_parsed_range_in_its_own_syntax(tmp_path, monkeypatch)
       np.zeros((1, 28, 28), np.uint8), np.zeros(1, np.int32)))
   load_split(tfds_config(tmp_path).data, ' train [ 10% : -100 ] ')
   assert asked == ['train[6000:59900]']  # Spaces are fine here, but TFDS's parser rejects them.
+
+
+def test_a_data_folder_that_cannot_be_searched_is_named_in_one_line(tmp_path, monkeypatch):
+  folder = tmp_path / 'locked'
+  folder.mkdir()
+  is_file = pathlib.Path.is_file
+
+  def as_the_os_would(path):  # Root searches any folder (CI runs as root): the OS's own error.
+    if path.parent == folder:
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return is_file(path)
+
+  monkeypatch.setattr(pathlib.Path, 'is_file', as_the_os_would)
+  config = tfds_config(tmp_path, data__dir=str(folder))
+  with pytest.raises(UserError, match=r'/locked/\S+ cannot be read \(Permission denied\); give '
+                                      'this user read access'):
+    load_split(config.data, 'train')
