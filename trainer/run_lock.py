@@ -35,7 +35,8 @@ class _Flock:
   """The kernel drops an flock when its holder exits or is killed, so a stale lock never blocks."""
 
   def __init__(self, workdir: str):
-    self._workdir, self._file = workdir, None
+    self._workdir = workdir
+    self._file: TextIO | None = None
     self._path = os.path.join(workdir, LOCK_FILE)
 
   def take(self) -> UserError | None:
