@@ -518,27 +518,41 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
 
-def test_only_asyncio_reports_of_abandoned_orbax_work_are_muted(tmp_path):
-  """Reports of a failed read or write's other tasks, after the run's one error line, stay silent."""
-  Checkpoints(str(tmp_path), make_config()).close()  # Installs the filters.
-  asyncio_logger = logging.getLogger('asyncio')
+def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monkeypatch):
+  """Orbax's and asyncio's reports of a failed read or write, after the run's one error line."""
+  unraisable = []
+  monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
+  array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
+  checkpoints = Checkpoints(str(tmp_path / 'run'), make_config())
+  loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
-  def report(message: str, exception: Exception) -> logging.LogRecord:
-    return logging.LogRecord('asyncio', logging.ERROR, 'base_events.py', 1771, message, None,
-                             (type(exception), exception, None))
+  def shown(message: str, exception: Exception) -> list[bool]:
+    """Whether each logger lets the error report through."""
+    return [logger.filter(logging.LogRecord(logger.name, logging.ERROR, 'x.py', 1, message, None,
+                                            (type(exception), exception, None)))
+            for logger in loggers]
+
+  def hook(exception: Exception) -> None:
+    sys.unraisablehook(type('Unraisable', (), {'exc_value': exception, 'object': None}))
 
   write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.Dense_0.bias/0" at local file '
-                     f'"{tmp_path}/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
-  assert not asyncio_logger.filter(report(
-      f'Future exception was never retrieved\nfuture: <Future finished exception={write!r}>', write))
-  read = Exception('Encountered error while reading array index')
-  assert not asyncio_logger.filter(report(
-      'unhandled exception during asyncio.run() shutdown\ntask: <Task finished name=\'Task-74\' '
-      'coro=<async_deserialize() done, defined at /venv/site-packages/orbax/checkpoint/_src/'
-      f'serialization/serialization.py:394> exception={read!r}>', read))
-  other = ValueError('a failure of something else')
-  assert asyncio_logger.filter(report(
-      f'Future exception was never retrieved\nfuture: <Future finished exception={other!r}>', other))
+                     f'"{tmp_path}/run/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
+  read = Exception('Encountered error while reading array index: (slice(0, 512, 1),). See full '
+                   f"TensorStore details: {{'path': '{tmp_path}/run/3/state/'}}")
+  assert shown('Future exception was never retrieved', write) == [False, False]
+  assert shown('Save Finalize thread (save_finalize) failed.', RuntimeError(read)) == [False, False]
+  assert shown(f'Failed to run 4 Handler Commit operations, directory: {tmp_path}/run/4',
+               OSError()) == [False, False]
+  another = ValueError(f'RESOURCE_EXHAUSTED: at local file "{tmp_path}/run2/4/"')
+  assert shown('Future exception was never retrieved', another) == [True, True]
+  for exception in (read, RuntimeError('Event loop is closed'), another):
+    hook(exception)
+  assert [u.exc_value for u in unraisable] == [another]
+  checkpoints.close()
+  assert shown('Future exception was never retrieved', write) == [True, True]
+  assert sys.unraisablehook == unraisable.append  # pylint: disable=comparison-with-callable
+  # Its handlers are its manager's: orbax's own registry is as it was.
+  assert checkpoint.ocp.type_handlers.get_type_handler(jax.Array) is array_handler
 
 
 @pytest.mark.slow
