@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from trainer import checkpoints as checkpoint
 from trainer import config_checks
@@ -516,6 +517,27 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
+
+
+def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_to_resume(
+    tmp_path, monkeypatch):
+  """SIGTERM, then the disk refuses that epoch's save: the run may not say it was saved."""
+  write_text = epath.gpath.PosixGPath.write_text
+
+  def full_disk(path, *args, **kwargs):  # Every small file of epoch 2's save, as on a full disk.
+    if f'{os.sep}2.orbax-checkpoint-tmp' in str(path):
+      raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+    return write_text(path, *args, **kwargs)
+
+  monkeypatch.setattr(epath.gpath.PosixGPath, 'write_text', full_disk)
+  with pytest.raises(UserError) as error:
+    loop.train_and_evaluate(make_config(**SMALL), str(tmp_path), should_stop=stop_after(2))
+  assert str(error.value) == (
+      f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write {tmp_path} '
+      '(No space left on device); free space or restore access there, then rerun the same command '
+      'to resume from the newest checkpoint (epoch 1)')
+  assert saved_epochs(tmp_path) == [1]
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
 
 
 def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monkeypatch):

@@ -350,7 +350,9 @@ class Checkpoints(ClosedOnExit):
     except (OSError, ValueError) as error:  # Orbax passes on tensorstore's ValueError.
       self._failed = True
       self._remove_unfinished()
-      raise write_failed(self.directory, error, saved=bool(self.epochs())) from error
+      kept = self.epochs()  # Orbax has dropped the failed save's epoch.
+      failed = str(write_failed(self.directory, error, saved=bool(kept)))
+      raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
   def _remove_unfinished(self) -> None:
     """Deletes the folders of saves that failed: their space back, no half checkpoint left."""

@@ -77,6 +77,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
     if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
       checkpoints.save(epoch, state, run.run_key)
     if stop and epoch < config.num_epochs:
+      _wait_for_save(checkpoints, stop, epoch)
       raise Preempted(stop, epoch, checkpoints.directory)
   evaluation.review(config, run, state, config.num_epochs, reporter)
   pauses = sorted(checkpoints.save_pauses)
@@ -84,6 +85,15 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
                f'(training paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; '
                'orbax writes in the background)')
   return record
+
+
+def _wait_for_save(checkpoints: Checkpoints, stop: str, epoch: int) -> None:
+  """Preempted says the epoch's checkpoint is saved: a save that failed says so instead."""
+  try:
+    checkpoints.wait()
+  except UserError as error:
+    raise UserError(f'stopped by {stop} after epoch {epoch}, but its checkpoint was not saved: '
+                    f'{error}') from error
 
 
 def _run_epoch(run: RunSetup, state: steps.TrainState, epoch: int,
