@@ -109,7 +109,8 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
   assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
 
   loop.train_and_evaluate(config, str(tmp_path))
-  assert 'resumed from epoch 1' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert 'resumed from epoch 1' in out and 'learning-rate schedule' not in out
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, config)
   assert_tensorboard_matches_metrics(tmp_path)
@@ -132,6 +133,23 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
   assert records[:3] == read_metrics(small_run)
   assert records[5]['train_loss'] < records[2]['train_loss']
   assert saved_epochs(small_copy) == [4, 6]
+
+
+def test_more_epochs_on_a_finished_cosine_run_say_how_far_the_learning_rate_jumps(
+    small_run, tmp_path, capsys):
+  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), str(tmp_path))
+  capsys.readouterr()
+  loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))  # 3 epochs now.
+  line = [line for line in capsys.readouterr().out.splitlines() if line.startswith('resumed')][0]
+  found = re.search(r'num_epochs 2 -> 3 stretches the learning-rate schedule: epoch 2 ended at a '
+                    r'rate of (\S+), which the new schedule puts at (\S+), ', line)
+  assert found, line
+  old, new = float(found.group(1)), float(found.group(2))
+  records, straight = read_metrics(tmp_path), read_metrics(small_run)
+  assert old == pytest.approx(records[1]['learning_rate'], rel=5e-3)  # The 2-epoch schedule's end.
+  assert new == pytest.approx(straight[1]['learning_rate'], rel=5e-3)  # The 3-epoch one's, there.
+  assert new > 10 * old  # Back up from about 0.
+  assert records[2]['learning_rate'] == straight[2]['learning_rate']
 
 
 def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):

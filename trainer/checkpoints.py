@@ -32,9 +32,9 @@ from trainer import processes
 
 STATE, META = 'state', 'meta'
 META_FILE = 'metadata'  # JsonCheckpointHandler's default file name, which restores read.
-# Config fields a resumed run may change: how long to train (num_epochs also stretches a cosine
-# schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers;
-# data.source among them, as TFDS stores MNIST's examples in another order than the IDX files.
+# Config fields a resumed run may change: how long to train (num_epochs also stretches the
+# learning-rate schedule), how to run and evaluate, where the data lives. The rest decide the
+# trained numbers; data.source among them, as TFDS stores MNIST's examples in another order.
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
     'max_checkpoints_to_keep', 'parallel', 'num_devices', 'profile_epoch', 'data.dir',
@@ -67,6 +67,7 @@ class Restored:
   """A verified checkpoint: the state to continue from, on the template's devices, and what was passed over."""
   epoch: int
   state: steps.TrainState
+  config: dict[str, Any]  # The flat config it was saved with.
   damaged: tuple[tuple[int, str], ...]  # (epoch, why) of each newer checkpoint that failed.
   seconds: float
 
@@ -376,18 +377,18 @@ class Checkpoints(ClosedOnExit):
     damaged: list[tuple[int, str]] = []
     for epoch in reversed(self.epochs()):
       try:
-        tree = self._restore_verified(epoch, target)
+        meta, tree = self._restore_verified(epoch, target)
       except _Damaged as damage:
         damaged.append((epoch, str(damage)))
         continue
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
-      return Restored(epoch, state, tuple(damaged), time.perf_counter() - start)
+      return Restored(epoch, state, meta['config'], tuple(damaged), time.perf_counter() - start)
     _none_restores(self.directory, damaged)
     return None
 
-  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> dict[str, Any]:
-    """Epoch `epoch`'s saved tree, checked against its config and fingerprint; raises _Damaged."""
+  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Epoch `epoch`'s metadata and saved tree, checked against its config and fingerprint."""
     self._check_files(epoch)
     meta = self._read(epoch, META, ocp.args.JsonRestore(), 'metadata')
     if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
@@ -397,7 +398,7 @@ class Checkpoints(ClosedOnExit):
     tree = self._read(epoch, STATE, ocp.args.PyTreeRestore(item=target, restore_args=restore_args), 'state')
     if fingerprint(jax.device_get(tree)) != meta['fingerprint']:
       raise _Damaged('its state differs from the fingerprint saved with it')
-    return tree
+    return meta, tree
 
   def _check_files(self, epoch: int) -> None:
     """Raises _Damaged when a file every checkpoint has is missing (orbax's exists() hides EIO)."""
