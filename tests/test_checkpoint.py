@@ -16,6 +16,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from trainer import checkpoints as checkpoint
 from trainer import config_checks
@@ -109,7 +110,8 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
   assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
 
   loop.train_and_evaluate(config, str(tmp_path))
-  assert 'resumed from epoch 1' in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert 'resumed from epoch 1' in out and 'learning-rate schedule' not in out
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, config)
   assert_tensorboard_matches_metrics(tmp_path)
@@ -132,6 +134,23 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
   assert records[:3] == read_metrics(small_run)
   assert records[5]['train_loss'] < records[2]['train_loss']
   assert saved_epochs(small_copy) == [4, 6]
+
+
+def test_more_epochs_on_a_finished_cosine_run_say_how_far_the_learning_rate_jumps(
+    small_run, tmp_path, capsys):
+  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), str(tmp_path))
+  capsys.readouterr()
+  loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))  # 3 epochs now.
+  line = [line for line in capsys.readouterr().out.splitlines() if line.startswith('resumed')][0]
+  found = re.search(r'num_epochs 2 -> 3 stretches the learning-rate schedule: epoch 2 ended at a '
+                    r'rate of (\S+), which the new schedule puts at (\S+), ', line)
+  assert found, line
+  old, new = float(found.group(1)), float(found.group(2))
+  records, straight = read_metrics(tmp_path), read_metrics(small_run)
+  assert old == pytest.approx(records[1]['learning_rate'], rel=5e-3)  # The 2-epoch schedule's end.
+  assert new == pytest.approx(straight[1]['learning_rate'], rel=5e-3)  # The 3-epoch one's, there.
+  assert new > 10 * old  # Back up from about 0.
+  assert records[2]['learning_rate'] == straight[2]['learning_rate']
 
 
 def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):
@@ -519,27 +538,62 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
 
-def test_only_asyncio_reports_of_abandoned_orbax_work_are_muted(tmp_path):
-  """Reports of a failed read or write's other tasks, after the run's one error line, stay silent."""
-  Checkpoints(str(tmp_path), make_config()).close()  # Installs the filters.
-  asyncio_logger = logging.getLogger('asyncio')
+def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_to_resume(
+    tmp_path, monkeypatch):
+  """SIGTERM, then the disk refuses that epoch's save: the run may not say it was saved."""
+  write_text = epath.gpath.PosixGPath.write_text
 
-  def report(message: str, exception: Exception) -> logging.LogRecord:
-    return logging.LogRecord('asyncio', logging.ERROR, 'base_events.py', 1771, message, None,
-                             (type(exception), exception, None))
+  def full_disk(path, *args, **kwargs):  # Every small file of epoch 2's save, as on a full disk.
+    if f'{os.sep}2.orbax-checkpoint-tmp' in str(path):
+      raise OSError(errno.ENOSPC, 'No space left on device', str(path))
+    return write_text(path, *args, **kwargs)
+
+  monkeypatch.setattr(epath.gpath.PosixGPath, 'write_text', full_disk)
+  with pytest.raises(UserError) as error:
+    loop.train_and_evaluate(make_config(**SMALL), str(tmp_path), should_stop=stop_after(2))
+  assert str(error.value) == (
+      f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write {tmp_path} '
+      '(No space left on device); free space or restore access there, then rerun the same command '
+      'to resume from the newest checkpoint (epoch 1)')
+  assert saved_epochs(tmp_path) == [1]
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monkeypatch):
+  """Orbax's and asyncio's reports of a failed read or write, after the run's one error line."""
+  unraisable = []
+  monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
+  array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
+  checkpoints = Checkpoints(str(tmp_path / 'run'), make_config())
+  loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
+
+  def shown(message: str, exception: Exception) -> list[bool]:
+    """Whether each logger lets the error report through."""
+    return [logger.filter(logging.LogRecord(logger.name, logging.ERROR, 'x.py', 1, message, None,
+                                            (type(exception), exception, None)))
+            for logger in loggers]
+
+  def hook(exception: Exception) -> None:
+    sys.unraisablehook(type('Unraisable', (), {'exc_value': exception, 'object': None}))
 
   write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.Dense_0.bias/0" at local file '
-                     f'"{tmp_path}/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
-  assert not asyncio_logger.filter(report(
-      f'Future exception was never retrieved\nfuture: <Future finished exception={write!r}>', write))
-  read = Exception('Encountered error while reading array index')
-  assert not asyncio_logger.filter(report(
-      'unhandled exception during asyncio.run() shutdown\ntask: <Task finished name=\'Task-74\' '
-      'coro=<async_deserialize() done, defined at /venv/site-packages/orbax/checkpoint/_src/'
-      f'serialization/serialization.py:394> exception={read!r}>', read))
-  other = ValueError('a failure of something else')
-  assert asyncio_logger.filter(report(
-      f'Future exception was never retrieved\nfuture: <Future finished exception={other!r}>', other))
+                     f'"{tmp_path}/run/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
+  read = Exception('Encountered error while reading array index: (slice(0, 512, 1),). See full '
+                   f"TensorStore details: {{'path': '{tmp_path}/run/3/state/'}}")
+  assert shown('Future exception was never retrieved', write) == [False, False]
+  assert shown('Save Finalize thread (save_finalize) failed.', RuntimeError(read)) == [False, False]
+  assert shown(f'Failed to run 4 Handler Commit operations, directory: {tmp_path}/run/4',
+               OSError()) == [False, False]
+  another = ValueError(f'RESOURCE_EXHAUSTED: at local file "{tmp_path}/run2/4/"')
+  assert shown('Future exception was never retrieved', another) == [True, True]
+  for exception in (read, RuntimeError('Event loop is closed'), another):
+    hook(exception)
+  assert [u.exc_value for u in unraisable] == [another]
+  checkpoints.close()
+  assert shown('Future exception was never retrieved', write) == [True, True]
+  assert sys.unraisablehook == unraisable.append  # pylint: disable=comparison-with-callable
+  # Its handlers are its manager's: orbax's own registry is as it was.
+  assert checkpoint.ocp.type_handlers.get_type_handler(jax.Array) is array_handler
 
 
 @pytest.mark.slow

@@ -8,8 +8,6 @@ its state, checked after every restore, and the newest checkpoint that restores 
 import asyncio
 import contextlib
 import dataclasses
-import functools
-import glob
 import hashlib
 import json
 import logging
@@ -18,7 +16,6 @@ import re
 import shutil
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +23,7 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from mlp import steps
 from mlp.augment import Distortion
@@ -33,9 +31,10 @@ from errors import ClosedOnExit, UserError, write_failed
 from trainer import processes
 
 STATE, META = 'state', 'meta'
-# Config fields a resumed run may change: how long to train (num_epochs also stretches a cosine
-# schedule), how to run and evaluate, where the data lives. The rest decide the trained numbers;
-# data.source among them, as TFDS stores MNIST's examples in another order than the IDX files.
+META_FILE = 'metadata'  # JsonCheckpointHandler's default file name, which restores read.
+# Config fields a resumed run may change: how long to train (num_epochs also stretches the
+# learning-rate schedule), how to run and evaluate, where the data lives. The rest decide the
+# trained numbers; data.source among them, as TFDS stores MNIST's examples in another order.
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
     'max_checkpoints_to_keep', 'parallel', 'num_devices', 'profile_epoch', 'data.dir',
@@ -44,14 +43,23 @@ FREE_FIELDS = frozenset({
 DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32', **{f'data.distort.{name}': value for name, value in
                                                    dataclasses.asdict(Distortion()).items()}}
 DAMAGED_PREFIX = 'damaged-epoch-'
+NAME_FORMAT = ocp.path.step.standard_name_format()  # Orbax's default step folders: '3', ...
 # Files every complete checkpoint holds; one missing is damage.
-REQUIRED_FILES = (os.path.join(META, 'metadata'), os.path.join(STATE, '_METADATA'))
-# Tensorstore's statuses (as orbax passes them on) for bytes that are missing, cut short or wrong.
-_DAMAGE_STATUS = re.compile(r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
-# Orbax's words for a saved tree that differs from the one asked for.
-_STRUCTURE_ERROR = re.compile(
+REQUIRED_FILES = (os.path.join(META, META_FILE),
+                  os.path.join(STATE, ocp.path.format_utils.PYTREE_METADATA_FILE))
+# Tensorstore's statuses for bytes that are missing, cut short or wrong. Its errors are plain
+# ValueErrors (orbax passes them on, or quotes them in its own), so only their text tells:
+# 'NOT_FOUND: Error reading ...', 'OUT_OF_RANGE: ...', 'Truncated Zstd-compressed stream'.
+TENSORSTORE_DAMAGE_STATUS = re.compile(
+    r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
+# Orbax's ValueErrors for a saved tree that differs from the one asked for (no type of their own):
+# 'User-provided restore item and on-disk value metadata tree structures do not match',
+# 'Requested shape: (256,) is not compatible with the stored shape: (512,)', and jax's
+# 'pytree structure error: different types at key path' when orbax maps the two trees.
+ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
-TMP_SUFFIX = '.orbax-checkpoint-tmp'  # Orbax's folders of saves not yet complete.
+# Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
+ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +67,7 @@ class Restored:
   """A verified checkpoint: the state to continue from, on the template's devices, and what was passed over."""
   epoch: int
   state: steps.TrainState
+  config: dict[str, Any]  # The flat config it was saved with.
   damaged: tuple[tuple[int, str], ...]  # (epoch, why) of each newer checkpoint that failed.
   seconds: float
 
@@ -79,8 +88,8 @@ def fingerprint(tree: Any) -> str:
   return digest.hexdigest()
 
 
-@dataclasses.dataclass(frozen=True)
-class _Meta:
+@dataclasses.dataclass
+class _MetaSave(ocp.args.CheckpointArgs):
   """A checkpoint's JSON fields, less the fingerprint of `host_tree`, added in orbax's commit."""
   fields: dict[str, Any]
   host_tree: Any
@@ -90,24 +99,51 @@ class _MetaHandler(ocp.JsonCheckpointHandler):
   """Writes a checkpoint's JSON in orbax's background commit, hashing the state there.
 
   So a save holds training up only for copies to the host, not for a SHA-256 of the whole state.
+  (JsonCheckpointHandler commits its item as given, so the hash would have to come first.)
   """
 
-  async def _save_fn(self, x, directory):
-    if isinstance(x, _Meta):
-      x = {**x.fields, 'fingerprint': await asyncio.to_thread(fingerprint, x.host_tree)}
-    await super()._save_fn(x, directory)
+  async def async_save(self, directory: epath.Path, item: Any = None,
+                       args: Any = None) -> list[ocp.future.Future]:
+    del item  # Orbax passes _MetaSave as `args`.
+    return [ocp.future.CommitFutureAwaitingContractedSignals(
+        _write_meta(directory / META_FILE, args), name='meta_save')]
 
 
-@ocp.args.register_with_handler(_MetaHandler, for_save=True)
-@dataclasses.dataclass
-class _MetaSave(ocp.args.CheckpointArgs):
-  item: _Meta
+async def _write_meta(path: epath.Path, meta: _MetaSave) -> None:
+  """Process 0 writes the JSON, as JsonCheckpointHandler would, once the hash is done."""
+  fields = {**meta.fields, 'fingerprint': await asyncio.to_thread(fingerprint, meta.host_tree)}
+  if processes.is_primary():
+    try:
+      await asyncio.to_thread(path.write_text, json.dumps(fields))
+    except OSError as error:  # A failed write() does not name the file: the report must.
+      raise OSError(error.errno, error.strerror, str(path)) from error
 
 
-@ocp.args.register_with_handler(_MetaHandler, for_restore=True)
-@dataclasses.dataclass
-class _MetaRestore(ocp.args.JsonRestore):
-  pass
+def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+  """The handlers of this app's CheckpointManagers (orbax's global registries stay as they are).
+
+  One replica writes each replicated array, instead of orbax's default on CPUs and TPUs of
+  splitting the write among the replicas: that slices every array on the devices first, which held
+  training up 2-10x longer on 8 devices than on one, for a state of megabytes with nothing to gain.
+  """
+  types = ocp.type_handlers
+  state = ocp.PyTreeCheckpointHandler(type_handler_registry=types.create_type_handler_registry(
+      *((kind, types.get_type_handler(kind)) for kind in types.supported_types()),
+      (jax.Array, types.ArrayHandler(use_replica_parallel=False))))
+  registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+  meta = _MetaHandler()
+  for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
+    registry.add(STATE, args, state)
+  for args in (_MetaSave, ocp.args.JsonRestore):
+    registry.add(META, args, meta)
+  return registry
+
+
+def _manager(directory: str, **options: Any) -> ocp.CheckpointManager:
+  """An orbax manager of `directory` with this app's handlers, whatever the options."""
+  return ocp.CheckpointManager(directory, handler_registry=_handlers(),
+                               options=ocp.CheckpointManagerOptions(step_name_format=NAME_FORMAT,
+                                                                    **options))
 
 
 def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -174,70 +210,53 @@ def named_damage(error: BaseException) -> str | None:
   """
   for cause in _causes(error):
     if (isinstance(cause, (FileNotFoundError, json.JSONDecodeError))
-        or _DAMAGE_STATUS.search(str(cause))):
+        or TENSORSTORE_DAMAGE_STATUS.search(str(cause))):
       return _why(cause)
   return None
 
 
-def _from_abandoned_read(unraisable: Any) -> bool:
-  """Leftovers of a failed orbax read: its other array reads, finishing into a closed event loop."""
-  code = getattr(unraisable.object, 'cr_code', None)
-  return ((isinstance(unraisable.exc_value, RuntimeError)
-           and str(unraisable.exc_value) == 'Event loop is closed')
-          or (code is not None and f'{os.sep}orbax{os.sep}' in code.co_filename))
+class _OrbaxReports(logging.Filter):
+  """Mutes the reports of a Checkpoints' failures, each of which reaches the user as one line.
 
-
-def _orbax_task_report(record: logging.LogRecord) -> bool:
-  """False for asyncio's reports of orbax's abandoned tasks and futures (never retrieved, or at shutdown)."""
-  # A failed write's future may hold only tensorstore's error, which names orbax's folders.
-  frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info else []
-  return not ('orbax' in record.getMessage()
-              or any(f'{os.sep}orbax{os.sep}' in frame.filename for frame in frames))
-
-
-def _orbax_error(record: logging.LogRecord) -> bool:
-  """False for orbax's own error logs: the failure they report reaches the user as one line."""
-  return not (record.levelno >= logging.ERROR and f'{os.sep}orbax{os.sep}' in record.pathname)
-
-
-@functools.cache
-def _write_each_array_whole() -> None:
-  """One replica writes each replicated array, instead of orbax's default on CPUs and TPUs of
-  splitting the write among the replicas: that slices every array on the devices first, which held
-  training up 2-10x longer on 8 devices than on one, for a state of megabytes with nothing to gain.
+  Orbax logs each failed write or read (with its traceback) in the thread that meets it. When one
+  array's write or read fails, orbax abandons the others: they end in an event loop already closed,
+  and Python reports each as an ignored exception or an unretrieved task, until the process ends.
   """
-  absl_logger = logging.getLogger('absl')  # Orbax warns of any override, even one meant.
-  level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)
-  try:
-    ocp.type_handlers.register_type_handler(
-        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
-  finally:
-    absl_logger.setLevel(level)
 
+  def __init__(self, directory: str):
+    super().__init__()
+    self._folder = os.path.join(directory, '')  # Not another folder whose name starts the same.
+    self._previous_hook = sys.unraisablehook
 
-def _mute_orbax_noise() -> None:
-  """Silences orbax's own reports of failures that reach the user as one line (warning or error).
+  def _names_folder(self, error: BaseException | None) -> bool:
+    return any(self._folder in str(cause) for cause in _causes(error))
 
-  When one array of a restore fails, orbax abandons the others; they end in an event loop already
-  closed, and Python reports each as an ignored exception or an unretrieved task, sometimes while
-  the failure is still unwinding. So this is in place before any restore is tried.
-  """
-  if not getattr(sys.unraisablehook, 'mutes_orbax', False):
-    previous = sys.unraisablehook
+  def filter(self, record: logging.LogRecord) -> bool:
+    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints."""
+    return not (record.levelno >= logging.ERROR and (
+        self._folder in record.getMessage()
+        or self._names_folder(record.exc_info[1] if record.exc_info else None)))
 
-    def hook(unraisable):
-      if not _from_abandoned_read(unraisable):
-        previous(unraisable)
+  def _hook(self, unraisable: Any) -> None:
+    """sys.unraisablehook: passes on every report but those of orbax's abandoned work."""
+    error = unraisable.exc_value
+    if not (self._names_folder(error)
+            or (isinstance(error, RuntimeError) and str(error) == ASYNCIO_LOOP_CLOSED)):
+      self._previous_hook(unraisable)
 
-    hook.mutes_orbax = True  # type: ignore[attr-defined]
-    sys.unraisablehook = hook
-  absl_logger = logging.getLogger('absl')  # Orbax logs each failed write, with its traceback.
-  if _orbax_error not in absl_logger.filters:
-    absl_logger.addFilter(_orbax_error)
-  asyncio_logger = logging.getLogger('asyncio')
-  if _orbax_task_report not in asyncio_logger.filters:
-    asyncio_logger.addFilter(_orbax_task_report)
+  def open(self) -> None:
+    for name in ('absl', 'asyncio'):
+      logging.getLogger(name).addFilter(self)
+    self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._hook
+
+  def close(self, abandoned: bool) -> None:
+    """Stops muting, unless a failed read or write left orbax work behind that may still report."""
+    if abandoned:
+      return
+    if sys.unraisablehook == self._hook:
+      sys.unraisablehook = self._previous_hook
+    for name in ('absl', 'asyncio'):
+      logging.getLogger(name).removeFilter(self)
 
 
 def _read_meta(manager: ocp.CheckpointManager, epoch: int,
@@ -269,11 +288,9 @@ def saved_config(directory: str) -> dict[str, Any] | None:
   directory = os.path.abspath(directory)
   if not os.path.isdir(directory):
     return None
-  _mute_orbax_noise()
-  options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
   damaged: list[tuple[int, str]] = []
-  with contextlib.closing(ocp.CheckpointManager(directory, item_names=(STATE, META),
-                                                options=options)) as manager:
+  with contextlib.closing(_manager(directory, create=False,
+                                   cleanup_tmp_directories=False)) as manager:
     for epoch in sorted(manager.all_steps(), reverse=True):
       meta = _read_meta(manager, epoch, damaged)
       if meta is not None:
@@ -293,14 +310,14 @@ class Checkpoints(ClosedOnExit):
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
     self._read_only = read_only
     self._config = flat_config(config)
-    _mute_orbax_noise()
-    _write_each_array_whole()
     # read_only: no folder created, no half-written save cleaned up (it may be a live run's).
     # (Orbax's own read_only option warns on every use, so it is left off: nothing here saves.)
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=config.max_checkpoints_to_keep, create=not read_only,
+    self._manager = _manager(
+        self.directory, max_to_keep=config.max_checkpoints_to_keep, create=not read_only,
         cleanup_tmp_directories=not read_only, enable_async_checkpointing=True)
-    self._manager = ocp.CheckpointManager(self.directory, item_names=(STATE, META), options=options)
+    self._reports = _OrbaxReports(self.directory)
+    self._reports.open()
+    self._failed = False  # A read or write failed: orbax's abandoned work may report later.
 
   def epochs(self) -> list[int]:
     """The epochs with a complete checkpoint, oldest first."""
@@ -312,10 +329,10 @@ class Checkpoints(ClosedOnExit):
     tree = saved_tree(state, jax.random.key_data(rng))
     # A copy of our own: the next epoch takes over the state's device buffers.
     host_tree = jax.tree.map(np.array, jax.device_get(tree))
-    meta = _Meta({'epoch': epoch, 'config': self._config}, host_tree)
+    meta = _MetaSave({'epoch': epoch, 'config': self._config}, host_tree)
     with self._writing():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
-          **{STATE: ocp.args.StandardSave(tree), META: _MetaSave(meta)}))
+          **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
     self.save_pauses.append(time.perf_counter() - start)
 
   def check(self) -> None:
@@ -331,15 +348,18 @@ class Checkpoints(ClosedOnExit):
   def _writing(self) -> Iterator[None]:
     try:
       yield
-    except (OSError, ValueError) as error:  # Orbax wraps the OS error in a ValueError.
+    except (OSError, ValueError) as error:  # Orbax passes on tensorstore's ValueError.
+      self._failed = True
       self._remove_unfinished()
-      raise write_failed(self.directory, error, saved=bool(self.epochs())) from error
+      kept = self.epochs()  # Orbax has dropped the failed save's epoch.
+      failed = str(write_failed(self.directory, error, saved=bool(kept)))
+      raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
   def _remove_unfinished(self) -> None:
     """Deletes the folders of saves that failed: their space back, no half checkpoint left."""
     if not self._read_only and processes.is_primary():
-      for path in glob.glob(os.path.join(glob.escape(self.directory), f'*{TMP_SUFFIX}*')):
-        shutil.rmtree(path, ignore_errors=True)
+      for path in ocp.path.step.all_temporary_paths(self.directory):
+        shutil.rmtree(path.get(), ignore_errors=True)
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
@@ -357,33 +377,34 @@ class Checkpoints(ClosedOnExit):
     damaged: list[tuple[int, str]] = []
     for epoch in reversed(self.epochs()):
       try:
-        tree = self._restore_verified(epoch, target)
+        meta, tree = self._restore_verified(epoch, target)
       except _Damaged as damage:
         damaged.append((epoch, str(damage)))
         continue
       state = template.replace(step=tree['step'], params=tree['params'],
                                opt_state=tree['opt_state'])
-      return Restored(epoch, state, tuple(damaged), time.perf_counter() - start)
+      return Restored(epoch, state, meta['config'], tuple(damaged), time.perf_counter() - start)
     _none_restores(self.directory, damaged)
     return None
 
-  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> dict[str, Any]:
-    """Epoch `epoch`'s saved tree, checked against its config and fingerprint; raises _Damaged."""
+  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """Epoch `epoch`'s metadata and saved tree, checked against its config and fingerprint."""
     self._check_files(epoch)
-    meta = self._read(epoch, META, _MetaRestore(), 'metadata')
+    meta = self._read(epoch, META, ocp.args.JsonRestore(), 'metadata')
     if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
       raise _Damaged('its metadata lacks the fingerprint or the config')
     self._check_config(meta['config'], epoch)
-    tree = self._read(epoch, STATE, ocp.args.StandardRestore(target), 'state')
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    tree = self._read(epoch, STATE, ocp.args.PyTreeRestore(item=target, restore_args=restore_args), 'state')
     if fingerprint(jax.device_get(tree)) != meta['fingerprint']:
       raise _Damaged('its state differs from the fingerprint saved with it')
-    return tree
+    return meta, tree
 
   def _check_files(self, epoch: int) -> None:
-    """Raises _Damaged when a file every checkpoint has is missing (os.path.exists hides EIO)."""
+    """Raises _Damaged when a file every checkpoint has is missing (orbax's exists() hides EIO)."""
     for name in REQUIRED_FILES:
       try:
-        os.stat(os.path.join(self.directory, str(epoch), name))
+        os.stat(ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch) / name)
       except FileNotFoundError as error:
         part = 'metadata' if name.startswith(META) else 'state'
         raise _Damaged(f'its {part} cannot be read ({name} is missing)') from error
@@ -395,10 +416,11 @@ class Checkpoints(ClosedOnExit):
     try:
       return self._manager.restore(epoch, args=ocp.args.Composite(**{item: args}))[item]
     except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
+      self._failed = True
       damage = named_damage(error)
       if damage:
         raise _Damaged(f'its {what} cannot be read ({damage})') from error
-      if _STRUCTURE_ERROR.search(str(error)):
+      if ORBAX_TREE_MISMATCH.search(str(error)):
         raise UserError(
             f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose structure '
             f'does not fit this code ({_why(error)}); resume it with the code that saved it, or '
@@ -423,7 +445,7 @@ class Checkpoints(ClosedOnExit):
         suffix += 1
         target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}.{suffix}')
       if processes.is_primary():
-        os.rename(os.path.join(self.directory, str(epoch)), target)
+        os.rename(ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch), target)
       moved.append(target)
     if epochs:
       ocp.multihost.sync_global_processes('checkpoints_set_aside')
@@ -439,8 +461,11 @@ class Checkpoints(ClosedOnExit):
     try:
       self.wait()
     finally:
-      with self._writing():
-        self._manager.close()
+      try:
+        with self._writing():
+          self._manager.close()
+      finally:
+        self._reports.close(abandoned=self._failed)
 
   def _check_config(self, saved: dict[str, Any], epoch: int) -> None:
     names = config_mismatches(saved, self._config)

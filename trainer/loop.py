@@ -11,7 +11,7 @@ from errors import UserError
 from mlp import batches, optim, steps
 from trainer import evaluation
 from trainer import processes
-from trainer.checkpoints import Checkpoints, Restored
+from trainer.checkpoints import Checkpoints, Restored, config_from_flat
 from trainer.preemption import Preempted
 from trainer.reporting import Reporter
 from trainer.run_lock import STALE_AFTER_S, RunLock
@@ -58,7 +58,7 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size)
   restored = checkpoints.restore(state_template(config, placement.mesh, steps_per_epoch))
   if restored:
-    _report_resume(restored, checkpoints, reporter)
+    _report_resume(config, restored, checkpoints, reporter, steps_per_epoch)
   start_epoch = restored.epoch if restored else 0
   reporter.start(start_epoch)
   if restored and start_epoch >= config.num_epochs:  # num_epochs >= 1: restored.
@@ -91,6 +91,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
     if stop or epoch == config.num_epochs or epoch % config.checkpoint_every_epochs == 0:
       checkpoints.save(epoch, state, run.run_key)
     if stop and epoch < config.num_epochs:
+      _wait_for_save(checkpoints, stop, epoch)
       raise Preempted(stop, epoch, checkpoints.directory)
   evaluation.review(config, run, state, config.num_epochs, reporter)
   pauses = sorted(checkpoints.save_pauses)
@@ -98,6 +99,15 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkp
                f'(training paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; '
                'orbax writes in the background)')
   return record
+
+
+def _wait_for_save(checkpoints: Checkpoints, stop: str, epoch: int) -> None:
+  """Preempted says the epoch's checkpoint is saved: a save that failed says so instead."""
+  try:
+    checkpoints.wait()
+  except UserError as error:
+    raise UserError(f'stopped by {stop} after epoch {epoch}, but its checkpoint was not saved: '
+                    f'{error}') from error
 
 
 def _run_epoch(run: RunSetup, state: steps.TrainState, epoch: int,
@@ -132,11 +142,26 @@ def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
                       f'training diverged, and that state was not saved ({kept}); {fix}')
 
 
-def _report_resume(restored: Restored, checkpoints: Checkpoints, reporter: Reporter) -> None:
+def _report_resume(config: ml_collections.ConfigDict, restored: Restored, checkpoints: Checkpoints,
+                   reporter: Reporter, steps_per_epoch: int) -> None:
   """Says where the run continues from, and sets damaged newer checkpoints aside with a warning."""
   moved = checkpoints.set_aside([epoch for epoch, _ in restored.damaged])  # Every process: a barrier.
   for (epoch, why), path in zip(restored.damaged, moved):
     reporter.warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell '
                   f'back to epoch {restored.epoch}')
+  change = _schedule_change(config, restored, steps_per_epoch)
   reporter.log(f'resumed from epoch {restored.epoch} (checkpoint restored and verified in '
-               f'{1000 * restored.seconds:.0f} ms)')
+               f'{1000 * restored.seconds:.0f} ms){change}')
+
+
+def _schedule_change(config: ml_collections.ConfigDict, restored: Restored,
+                     steps_per_epoch: int) -> str:
+  """The learning rate's jump where a new num_epochs stretches the schedule; '' if it does not."""
+  saved = config_from_flat(restored.config)
+  step = restored.epoch * steps_per_epoch - 1  # The restored epoch's last update, as in metrics.
+  rates = [float(optim.learning_rate_schedule(c, steps_per_epoch)(step)) for c in (saved, config)]
+  if rates[0] == rates[1] or restored.epoch >= config.num_epochs:
+    return ''
+  return (f'; num_epochs {saved.num_epochs} -> {config.num_epochs} stretches the learning-rate '
+          f'schedule: epoch {restored.epoch} ended at a rate of {rates[0]:.3g}, which the new '
+          f'schedule puts at {rates[1]:.3g}, and training goes on from there')
