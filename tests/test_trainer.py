@@ -51,7 +51,8 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   assert rates == pytest.approx({1: records[0]['learning_rate'], 2: records[1]['learning_rate']})
   out = capsys.readouterr().out
   assert out.startswith('training on 2,000 images (train[:2000]), evaluating on 2,000 '
-                        '(test[8000:]); 15 steps of 128 per epoch in float32, jit on 1 ')
+                        '(test[8000:]); 15 steps of 128 per epoch in float32, matmul precision '
+                        'default, jit on 1 ')
   lines = [l for l in out.splitlines() if l.startswith('epoch ')]
   assert len(lines) == 2 and 'ETA' in lines[0]
   assert f'{100 * record["eval_accuracy"]:6.2f}%' in lines[1]

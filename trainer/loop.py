@@ -67,7 +67,8 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
   run = set_up_run(config, placement, train, examples, restored.state if restored else None)
   reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
                f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
-               f'{config.batch_size} per epoch in {config.dtype}, {run.programs.placement}; '
+               f'{config.batch_size} per epoch in {config.dtype}, matmul precision '
+               f'{config.matmul_precision}, {run.programs.placement}; '
                f'compiled in {time.perf_counter() - compile_start:.1f}s')
   return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
 
