@@ -586,9 +586,11 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
                OSError()) == [False, False]
   another = ValueError(f'RESOURCE_EXHAUSTED: at local file "{tmp_path}/run2/4/"')
   assert shown('Future exception was never retrieved', another) == [True, True]
-  for exception in (read, RuntimeError('Event loop is closed'), another):
+  closed = RuntimeError('Event loop is closed')
+  for exception in (read, closed, another):
     hook(exception)
-  assert [u.exc_value for u in unraisable] == [another]
+  # Only this test's own: an earlier test's abandoned orbax work may report here too.
+  assert [u.exc_value for u in unraisable if u.exc_value in (read, closed, another)] == [another]
   checkpoints.close()
   assert shown('Future exception was never retrieved', write) == [True, True]
   assert sys.unraisablehook == unraisable.append  # pylint: disable=comparison-with-callable
