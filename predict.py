@@ -89,7 +89,8 @@ def main(argv: list[str]) -> None:
   try:
     files = image_files(argv[1:])
     digits = read_digits(files)  # Before JAX loads: a bad file is reported at once.
-    from trainer import inference  # pylint: disable=g-import-not-at-top
+    os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
+    from trainer import inference, storage  # pylint: disable=g-import-not-at-top
     config, restored = inference.restore_run(_WORKDIR.value)
   except UserError as error:
     fail(str(error), 1)
@@ -97,7 +98,7 @@ def main(argv: list[str]) -> None:
     print(f'warning: passed over the checkpoint of epoch {epoch}: {why}', file=sys.stderr)
   report(files, inference.probabilities(config, restored, digits), _JSON.value)
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {os.path.abspath(_WORKDIR.value)}', file=sys.stderr)
+        f'epoch {restored.epoch} in {storage.RunDirectory(_WORKDIR.value)}', file=sys.stderr)
 
 
 if __name__ == '__main__':

@@ -68,6 +68,9 @@ _DISTRIBUTED = flags.DEFINE_bool(
 _INIT_TIMEOUT = flags.DEFINE_integer(
     'initialization_timeout', 300, 'Seconds to wait for every process to join before giving up.',
     lower_bound=1)
+_LOCK_STALE_AFTER = flags.DEFINE_float(
+    'lock_stale_after', 120, 'With a gs:// --workdir: seconds after which the run lock of a run '
+    'that stopped refreshing it (killed, or its VM deleted) is taken over.', lower_bound=1)
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False, 'Print every field of the config, with the overrides applied, as the '
     'flags that set them, then exit without training.')
@@ -189,6 +192,8 @@ def main(argv: list[str]) -> None:
     from trainer import reporting  # pylint: disable=g-import-not-at-top
     reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
     return
+  # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
+  os.environ.setdefault('EPATH_USE_TF', 'false')
   warn = prepare(config, workdir)
   # pylint: disable=g-import-not-at-top
   from trainer import compile_cache, evaluation, lost_peers, loop, preemption
@@ -198,7 +203,8 @@ def main(argv: list[str]) -> None:
       if config.eval_only:
         evaluation.evaluate_checkpoint(config, workdir)
       else:
-        loop.train_and_evaluate(config, workdir, should_stop=stop_request)
+        loop.train_and_evaluate(config, workdir, should_stop=stop_request,
+                                lock_stale_after=_LOCK_STALE_AFTER.value)
     except UserError as error:
       fail(advice(error), 1)
     except preemption.Preempted as stopped:

@@ -36,6 +36,9 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   config.checkpoint_every_epochs = 1  # And always at the end of the run and when stopped by a signal.
   config.max_checkpoints_to_keep = 3
   config.dtype = 'float32'  # float32 | bfloat16 (activations and matmuls; parameters stay float32).
+  # default | high | highest: float32 matmuls as the accelerator does them by default (a TPU: one
+  # bfloat16 pass; a GPU: TF32), in three bfloat16 passes, or in full float32 (as a CPU does).
+  config.matmul_precision = 'default'
   config.profile_epoch = 0  # Traces this epoch with jax.profiler into the run directory; 0: off.
   config.eval_only = False  # True: evaluate the newest good checkpoint on data.eval_split, no training.
 

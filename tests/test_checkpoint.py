@@ -26,6 +26,7 @@ from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.preemption import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
+from trainer.storage import RunDirectory
 from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
                             without_timings)
 
@@ -364,7 +365,7 @@ def wait_for(condition, process: subprocess.Popen, timeout: float = 120) -> None
 
 
 def recorded(workdir, epoch: int) -> bool:
-  return any(r['epoch'] == epoch for r in read_records(str(workdir)))
+  return any(r['epoch'] == epoch for r in read_records(RunDirectory(str(workdir))))
 
 
 @pytest.mark.slow
@@ -375,7 +376,7 @@ def test_sigkill_in_the_middle_of_an_epoch_then_rerun_ends_with_the_same_numbers
   wait_for(lambda: recorded(tmp_path, 2) and (tmp_path / '2').is_dir(), process)
   process.kill()
   process.communicate()
-  assert 2 in saved_epochs(tmp_path) and len(read_records(str(tmp_path))) < LONG["num_epochs"]
+  assert 2 in saved_epochs(tmp_path) and len(read_records(RunDirectory(str(tmp_path)))) < LONG["num_epochs"]
 
   out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(**LONG))
   assert out.returncode == 0, out.stderr
@@ -418,7 +419,7 @@ def test_a_signal_is_recorded_not_fatal_and_a_second_ctrl_c_interrupts():
 def test_metrics_past_the_restored_epoch_and_torn_lines_are_dropped(tmp_path):
   lines = [json.dumps({'epoch': e, 'eval_loss': e / 10}) for e in (1, 2, 3)] + ['{"epoch": 4, "ev']
   (tmp_path / METRICS_FILE).write_text('\n'.join(lines))
-  keep_records_through(str(tmp_path), 2)
+  keep_records_through(RunDirectory(str(tmp_path)), 2)
   assert read_metrics(tmp_path) == [{'epoch': 1, 'eval_loss': 0.1}, {'epoch': 2, 'eval_loss': 0.2}]
 
 

@@ -100,3 +100,18 @@ def test_a_checkpoint_saved_in_one_mode_resumes_in_any_other_exactly(probe, firs
   out = probe[2]
   assert 'resumed from epoch 1' in probe[1]
   assert_same_numbers(read_metrics(out / f'{first}-{then}'), read_metrics(out / 'jit'))
+
+
+@pytest.mark.slow
+def test_the_tpu_recipe_starts_on_a_simulated_v3_32_pod_slice(tmp_path, mnist_dir):
+  """configs/tpu_v3_8.py with its docstring's pod flags, on 32 devices (a tiny model, two short epochs)."""
+  out = subprocess.run(
+      [sys.executable, 'train.py', '--config=configs/tpu_v3_8.py', f'--workdir={tmp_path}',
+       '--config.parallel=mesh', '--config.num_devices=32', '--config.num_epochs=2',
+       '--config.model.hidden_sizes=(32,)', '--config.data.train_split=train[:8192]',
+       '--config.data.eval_split=test[:1000]'],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, **on_devices(32)})
+  assert out.returncode == 0, out.stderr
+  assert 'mesh on 32 cpu devices, 32 per device per step' in out.stdout
+  records = read_metrics(tmp_path)
+  assert [r['epoch'] for r in records] == [1, 2] and records[-1]['eval_accuracy'] > 0.5

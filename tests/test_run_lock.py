@@ -1,6 +1,7 @@
 """One training run per run directory: a second run stops at once; a killed holder blocks nothing."""
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -89,3 +90,90 @@ def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_pa
   epochs = [int(line.split('"epoch": ')[1].split(',')[0])
             for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
   assert epochs == list(range(1, 7))  # The second run added none.
+
+
+def lock_text(url: str) -> str:
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  bucket, _, name = url[len('gs://'):].partition('/')
+  return storage.Client().bucket(bucket).blob(f'{name}/{LOCK_FILE}').download_as_text()
+
+
+def test_on_cloud_storage_one_run_wins_and_the_lock_is_emptied_at_the_end(bucket):
+  workdir = f'{bucket}/run'
+  with RunLock(workdir):
+    assert lock_text(workdir) == f'host {socket.gethostname()}, pid {os.getpid()}\n'
+    with pytest.raises(UserError, match=rf'the run directory {workdir} is in use by a training '
+                                        rf'run \(host {socket.gethostname()}, pid {os.getpid()}; '
+                                        r'its lock was refreshed \d+ s ago'):
+      with RunLock(workdir):
+        pass
+  assert lock_text(workdir) == ''  # Released, naming nobody,
+  with RunLock(workdir):  # and the next run is welcome.
+    assert lock_text(workdir).startswith('host ')
+
+
+def test_on_cloud_storage_the_owner_keeps_its_lock_fresh(bucket):
+  workdir = f'{bucket}/run'
+  with RunLock(workdir, stale_after=1.0):  # Refreshed every 0.25 s.
+    time.sleep(1.5)
+    with pytest.raises(UserError, match='is in use by a training run'):
+      with RunLock(workdir, stale_after=1.0):
+        pass
+
+
+def test_on_cloud_storage_a_silent_lock_is_taken_over_saying_so(bucket):
+  workdir = f'{bucket}/run'
+  holder = subprocess.Popen([sys.executable, '-c', HOLD, workdir], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'held'
+  finally:
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+  with pytest.raises(UserError, match=f'pid {holder.pid}'):  # Not silent long enough yet.
+    with RunLock(workdir, stale_after=2.0):
+      pass
+  time.sleep(2.0)
+  warnings = []
+  with RunLock(workdir, stale_after=2.0, warn=warnings.append) as lock:
+    lock.check()
+    assert lock_text(workdir).endswith(f'pid {os.getpid()}\n')
+  assert len(warnings) == 1 and f'pid {holder.pid}' in warnings[0]
+  assert 'stopped refreshing its lock' in warnings[0]
+
+
+def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
+  workdir = f'{bucket}/run'
+  with RunLock(workdir, stale_after=0.8) as first:
+    time.sleep(0.1)
+    # Another run takes the lock as if this one had been silent (its generation moved on).
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+    blob = storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}')
+    blob.upload_from_string('host elsewhere, pid 1\n')
+    time.sleep(0.5)  # The next refresh finds a generation it did not write.
+    with pytest.raises(UserError, match='another training run took over the run directory'):
+      first.check()
+  assert lock_text(workdir) == 'host elsewhere, pid 1\n'  # Not emptied: it is the other run's.
+
+
+def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
+  with pytest.raises(UserError, match='the bucket gs://no-such-bucket of --workdir=gs://no-such-'
+                                      'bucket/run does not exist; create it'):
+    with RunLock('gs://no-such-bucket/run'):
+      pass
+
+
+@pytest.mark.parametrize('error, expected', [
+    ('Forbidden', 'no permission to use gs://b (403'),
+    ('Unauthorized', 'no permission to use gs://b (401'),
+    ('DefaultCredentialsError', 'no Google Cloud credentials to reach gs://b'),
+])
+def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  from trainer import storage  # pylint: disable=g-import-not-at-top
+  raised = getattr(exceptions, error, None) or getattr(auth, error)
+  with pytest.raises(UserError, match=re.escape(expected)) as refusal:
+    with storage.user_errors('gs://b/run'):
+      raise raised('refused')
+  assert '\n' not in str(refusal.value)

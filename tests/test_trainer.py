@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 import struct
 
 import jax
@@ -50,7 +51,8 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   assert rates == pytest.approx({1: records[0]['learning_rate'], 2: records[1]['learning_rate']})
   out = capsys.readouterr().out
   assert out.startswith('training on 2,000 images (train[:2000]), evaluating on 2,000 '
-                        '(test[8000:]); 15 steps of 128 per epoch in float32, jit on 1 ')
+                        '(test[8000:]); 15 steps of 128 per epoch in float32, matmul precision '
+                        'default, jit on 1 ')
   lines = [l for l in out.splitlines() if l.startswith('epoch ')]
   assert len(lines) == 2 and 'ETA' in lines[0]
   assert f'{100 * record["eval_accuracy"]:6.2f}%' in lines[1]
@@ -80,3 +82,15 @@ def test_profile_epoch_traces_that_epoch_into_the_run_directory(tmp_path, capsys
   assert 'PjitFunction(jit(train_epoch))' in names  # The epoch's program, and its XLA ops:
   assert any('fusion' in name for name in names)
   assert f'traced epoch 2 into {traces[0].parent}' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('precision, operands', [('default', None), ('high', '{high,high}'),
+                                                 ('highest', '{highest,highest}')])
+def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, operands, mnist_dir):
+  config = make_config(matmul_precision=precision, data__train_split='train[:256]',
+                       data__eval_split='test[:100]')
+  train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
+  programs = set_up_run(config, place(config), train, evaluation).programs
+  for program in (programs.train, programs.evaluate):
+    found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
+    assert found == ({operands} if operands else set())  # XLA's default leaves it unset.

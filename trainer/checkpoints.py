@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from mlp import steps
 from mlp.augment import Distortion
 from errors import ClosedOnExit, UserError, write_failed
 from trainer import processes
+from trainer.storage import RunDirectory
 
 STATE, META = 'state', 'meta'
 META_FILE = 'metadata'  # JsonCheckpointHandler's default file name, which restores read.
@@ -285,9 +285,10 @@ def saved_config(directory: str) -> dict[str, Any] | None:
 
   None when `directory` holds no checkpoint; UserError when none of them can be read.
   """
-  directory = os.path.abspath(directory)
-  if not os.path.isdir(directory):
+  run_dir = RunDirectory(directory)
+  if not run_dir.exists():
     return None
+  directory = run_dir.name
   damaged: list[tuple[int, str]] = []
   with contextlib.closing(_manager(directory, create=False,
                                    cleanup_tmp_directories=False)) as manager:
@@ -306,7 +307,7 @@ class Checkpoints(ClosedOnExit):
   """
 
   def __init__(self, directory: str, config: ml_collections.ConfigDict, *, read_only: bool = False):
-    self.directory = os.path.abspath(directory)
+    self.directory = RunDirectory(directory).name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
     self._read_only = read_only
     self._config = flat_config(config)
@@ -359,7 +360,8 @@ class Checkpoints(ClosedOnExit):
     """Deletes the folders of saves that failed: their space back, no half checkpoint left."""
     if not self._read_only and processes.is_primary():
       for path in ocp.path.step.all_temporary_paths(self.directory):
-        shutil.rmtree(path.get(), ignore_errors=True)
+        with contextlib.suppress(OSError):
+          path.get().rmtree()
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
@@ -404,7 +406,7 @@ class Checkpoints(ClosedOnExit):
     """Raises _Damaged when a file every checkpoint has is missing (orbax's exists() hides EIO)."""
     for name in REQUIRED_FILES:
       try:
-        os.stat(ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch) / name)
+        (ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch) / name).stat()
       except FileNotFoundError as error:
         part = 'metadata' if name.startswith(META) else 'state'
         raise _Damaged(f'its {part} cannot be read ({name} is missing)') from error
@@ -439,14 +441,14 @@ class Checkpoints(ClosedOnExit):
     """
     moved = []
     for epoch in epochs:
-      target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}')
+      target = epath.Path(self.directory) / f'{DAMAGED_PREFIX}{epoch}'
       suffix = 1
-      while os.path.exists(target):
+      while target.exists():
         suffix += 1
-        target = os.path.join(self.directory, f'{DAMAGED_PREFIX}{epoch}.{suffix}')
+        target = epath.Path(self.directory) / f'{DAMAGED_PREFIX}{epoch}.{suffix}'
       if processes.is_primary():
-        os.rename(ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch), target)
-      moved.append(target)
+        ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch).rename(target)
+      moved.append(str(target))
     if epochs:
       ocp.multihost.sync_global_processes('checkpoints_set_aside')
       self._manager.reload()

@@ -10,12 +10,12 @@ from data.splits import parse_split
 from errors import ConfigError
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
-from trainer.devices import PARALLEL_MODES
+from trainer.devices import MATMUL_PRECISIONS, PARALLEL_MODES
 
 POSITIVE_INTEGERS = ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
                      'max_checkpoints_to_keep')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
-           'dtype': tuple(DTYPES), 'data.source': SOURCES}
+           'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES}
 
 
 def _is_int(value) -> bool:

@@ -16,6 +16,7 @@ from mlp import epoch
 
 AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
+MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
 
 
 def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_count: int) -> str:
@@ -104,15 +105,16 @@ def compile_epochs(config: ml_collections.ConfigDict, placement: Placement, stat
   mode, mesh = placement
   axis = None if mode == 'jit' else AXIS
   train = None
-  if train_data is not None:
-    train = _compile(functools.partial(epoch.train_epoch, batch_size=config.batch_size,
-                                       max_shift=config.data.max_shift,
-                                       distortion=augment.Distortion(**config.data.distort),
-                                       axis_name=axis),
-                     mesh, mode, (state, *train_data, seed_key, np.int32(0)), donate=True)
-  evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
-                                        axis_name=axis), mesh, mode, (state, *eval_data),
-                      donate=False)
+  with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
+    if train_data is not None:
+      train = _compile(functools.partial(epoch.train_epoch, batch_size=config.batch_size,
+                                         max_shift=config.data.max_shift,
+                                         distortion=augment.Distortion(**config.data.distort),
+                                         axis_name=axis),
+                       mesh, mode, (state, *train_data, seed_key, np.int32(0)), donate=True)
+    evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
+                                          axis_name=axis), mesh, mode, (state, *eval_data),
+                        donate=False)
   processes = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
   per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
   return EpochPrograms(train, evaluate, f'{mode} on {mesh.size} {jax.default_backend()} '

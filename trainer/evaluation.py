@@ -1,7 +1,5 @@
 """Evaluating a saved run: `eval_only`, and a rerun of a run that has already finished."""
 
-import os
-
 import jax
 import ml_collections
 import numpy as np
@@ -14,13 +12,14 @@ from trainer.checkpoints import Checkpoints, Restored
 from trainer.reporting import Reporter, format_line
 from trainer.devices import Placement
 from trainer.run_setup import RunSetup, place, predict_logits, set_up_run, state_template
+from trainer.storage import RunDirectory
 
 
 def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainState, epoch: int,
            reporter: Reporter) -> list[float]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
   images, labels = (np.asarray(jax.device_get(array)) for array in run.eval_data)
-  predicted = predict_logits(state, run.eval_data[0], config.eval_batch_size).argmax(axis=1)
+  predicted = predict_logits(state, run.eval_data[0], config).argmax(axis=1)
   matrix = pictures.confusion_matrix(labels, predicted)
   where = f'{config.data.eval_split}, checkpoint of epoch {epoch}'
   reporter.pictures({
@@ -44,15 +43,16 @@ def _score(config: ml_collections.ConfigDict, placement: Placement, restored: Re
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
-  missing = UserError(f'no checkpoint in {os.path.abspath(workdir)} to evaluate; train first (the '
-                      'same command without --config.eval_only=True) or pass the run\'s --workdir')
-  if not os.path.isdir(workdir):
+  run_dir = RunDirectory(workdir)
+  missing = UserError(f'no checkpoint in {run_dir} to evaluate; train first (the same command '
+                      'without --config.eval_only=True) or pass the run\'s --workdir')
+  if not run_dir.exists():
     raise missing
   placement = place(config)
   examples = load_split(config.data, config.data.eval_split)
-  reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
+  reporter = Reporter(run_dir, config.num_epochs, enabled=processes.is_primary())
   # read_only: leaves a live run's files be.
-  with Checkpoints(workdir, config, read_only=True) as checkpoints, reporter:
+  with Checkpoints(run_dir.name, config, read_only=True) as checkpoints, reporter:
     restored = checkpoints.restore(state_template(config, placement.mesh, steps_per_epoch=1))
     if restored is None:
       raise missing

@@ -1,7 +1,5 @@
 """A finished run as a classifier: its newest good checkpoint, under the config saved with it."""
 
-import os
-
 import jax
 import ml_collections
 import numpy as np
@@ -10,6 +8,7 @@ from errors import UserError
 from trainer import checkpoints
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.run_setup import make_mesh, predict_logits, state_template
+from trainer.storage import RunDirectory
 
 
 def restore_run(workdir: str) -> tuple[ml_collections.ConfigDict, Restored]:
@@ -17,7 +16,7 @@ def restore_run(workdir: str) -> tuple[ml_collections.ConfigDict, Restored]:
 
   Raises UserError when `workdir` holds no checkpoint, or only damaged ones.
   """
-  missing = UserError(f'no checkpoint in {os.path.abspath(workdir)}; pass the --workdir of a '
+  missing = UserError(f'no checkpoint in {RunDirectory(workdir)}; pass the --workdir of a '
                       'trained run, or train one first: python train.py --config=configs/quick.py '
                       f'--workdir={workdir}')
   flat = checkpoints.saved_config(workdir)
@@ -36,5 +35,5 @@ def restore_run(workdir: str) -> tuple[ml_collections.ConfigDict, Restored]:
 def probabilities(config: ml_collections.ConfigDict, restored: Restored,
                   images: np.ndarray) -> np.ndarray:
   """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  logits = predict_logits(restored.state, images, config.eval_batch_size)
+  logits = predict_logits(restored.state, images, config)
   return np.asarray(jax.nn.softmax(logits, axis=1))

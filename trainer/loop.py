@@ -14,27 +14,41 @@ from trainer import processes
 from trainer.checkpoints import Checkpoints, Restored, config_from_flat
 from trainer.preemption import Preempted
 from trainer.reporting import Reporter
-from trainer.run_lock import RunLock
+from trainer.run_lock import STALE_AFTER_S, RunLock
+from trainer.storage import RunDirectory
 from trainer.devices import Placement
 from trainer.run_setup import RunSetup, place, set_up_run, state_template
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       should_stop: Callable[[], str | None] = lambda: None) -> dict[str, float]:
+                       should_stop: Callable[[], str | None] = lambda: None,
+                       lock_stale_after: float = STALE_AFTER_S) -> dict[str, float]:
   """Trains for `config.num_epochs` epochs, evaluating after each; returns the last epoch's record.
 
   Continues from the newest good checkpoint in `workdir`; saves one every `checkpoint_every_epochs`
   and at the end. `should_stop` is asked after each epoch: a signal name from it saves a checkpoint
-  and raises Preempted. A finished run is evaluated and reported again.
+  and raises Preempted. A finished run is evaluated and reported again. `workdir` may be a
+  `gs://BUCKET/PATH`, whose run lock another run takes over after `lock_stale_after` silent seconds.
   """
   placement = place(config)  # Checks the devices against the config before any work.
   train, examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
-  reporter = Reporter(workdir, config.num_epochs, enabled=processes.is_primary())
+  run_dir = RunDirectory(workdir)
+  reporter = Reporter(run_dir, config.num_epochs, enabled=processes.is_primary())
   # Before orbax tidies the folder. Process 0 takes it; a refusal stops every process.
-  with RunLock(workdir, enabled=processes.is_primary(), everyone=processes.everyone):
-    processes.check_shared_directory(workdir)
-    with Checkpoints(workdir, config) as checkpoints, reporter:  # Exit: every save is on disk.
-      return _resume(config, train, examples, placement, checkpoints, reporter, should_stop)
+  with RunLock(run_dir.name, enabled=processes.is_primary(), everyone=processes.everyone,
+               stale_after=lock_stale_after, warn=reporter.warn) as lock:
+    processes.check_shared_directory(run_dir)
+    with Checkpoints(run_dir.name, config) as checkpoints, reporter:  # Exit: every save is done.
+      return _resume(config, train, examples, placement, checkpoints, reporter,
+                     _guarded(lock, should_stop))
+
+
+def _guarded(lock: RunLock, should_stop: Callable[[], str | None]) -> Callable[[], str | None]:
+  """`should_stop`, after a check that no other run took the lock over: this one must not save."""
+  def stop() -> str | None:
+    lock.check()
+    return should_stop()
+  return stop
 
 
 def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Examples,
@@ -53,7 +67,8 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
   run = set_up_run(config, placement, train, examples, restored.state if restored else None)
   reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
                f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
-               f'{config.batch_size} per epoch in {config.dtype}, {run.programs.placement}; '
+               f'{config.batch_size} per epoch in {config.dtype}, matmul precision '
+               f'{config.matmul_precision}, {run.programs.placement}; '
                f'compiled in {time.perf_counter() - compile_start:.1f}s')
   return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
 

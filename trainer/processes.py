@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from errors import UserError
+from trainer.storage import RunDirectory
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -119,12 +120,12 @@ def check_same_checkpoints(newest_epoch: int) -> None:
                     'all share') from error
 
 
-def check_shared_directory(workdir: str) -> None:
+def check_shared_directory(run_dir: RunDirectory) -> None:
   """Every process must see the run directory process 0 made: they all write one checkpoint."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   multihost_utils.sync_global_devices('run directory made')  # Process 0 made it before this.
-  seen = _gather(int(os.path.isdir(workdir)))
+  seen = _gather(int(run_dir.exists()))
   if not all(seen):
     missing = ', '.join(str(i) for i, ok in enumerate(seen) if not ok)
     raise UserError(f'process {missing} cannot see the run directory that process 0 made (here: '
-                    f'{workdir}): give every process the same --workdir on storage they all share')
+                    f'{run_dir}): give every process the same --workdir on storage they all share')

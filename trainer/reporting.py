@@ -1,7 +1,7 @@
 """Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard, the log."""
 
 import contextlib
-import glob
+import io
 import json
 import os
 import sys
@@ -16,7 +16,8 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.summary import image, scalar
 
-from errors import ClosedOnExit, UserError, write_failed
+from errors import ClosedOnExit, write_failed
+from trainer.storage import RunDirectory
 
 METRICS_FILE = 'metrics.jsonl'
 # TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.
@@ -45,41 +46,29 @@ def format_line(record: dict[str, float], num_epochs: int, eta_seconds: float) -
           f'ETA {format_duration(eta_seconds)}')
 
 
-def read_records(workdir: str) -> list[dict]:
-  """metrics.jsonl's records; a line torn by a kill mid-write is skipped, as it was never finished."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
-    return []
+def read_records(run_dir: RunDirectory, name: str = METRICS_FILE) -> list[dict]:
+  """A JSON-lines file's records; a line torn by a kill mid-write (older runs appended) is skipped."""
   records = []
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except json.JSONDecodeError:
-        continue
+  for line in (run_dir.read(name) or '').splitlines():
+    try:
+      records.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
   return records
 
 
-def keep_records_through(workdir: str, epoch: int) -> None:
-  """Drops metrics.jsonl lines past `epoch`, so a resumed run appends no epoch twice."""
-  path = os.path.join(workdir, METRICS_FILE)
-  kept = [r for r in read_records(workdir) if int(r.get('epoch', 0)) <= epoch]
-  if os.path.exists(path):
-    with open(path + '.tmp', 'w', encoding='utf-8') as f:
-      f.writelines(json.dumps(r) + '\n' for r in kept)
-    os.replace(path + '.tmp', path)
+def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
+  """metrics.jsonl without its records past `epoch`, so a resumed run writes no epoch twice."""
+  kept = [r for r in read_records(run_dir) if int(r.get('epoch', 0)) <= epoch]
+  if run_dir.read(METRICS_FILE) is not None:
+    _write_records(run_dir, METRICS_FILE, kept)
+  return kept
 
 
-def _make_run_directory(workdir: str) -> None:
-  """The run directory, created and writable, or one line saying why not."""
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as error:
-    raise UserError(f'cannot create the run directory {workdir} ({error.strerror}); pass a '
-                    '--workdir that can be written to') from error
-  if not os.access(workdir, os.W_OK | os.X_OK):
-    raise UserError(f'the run directory {workdir} is not writable; pass a --workdir that can be '
-                    'written to')
+def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> None:
+  """The whole file anew: an object store cannot append, and a reader never sees half a line."""
+  with _writing(run_dir.file(name)):
+    run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
 
 
 def say(line: str, stream: TextIO) -> None:
@@ -117,23 +106,24 @@ class Reporter(ClosedOnExit):
   and say nothing, so there is one set of files and one log.
   """
 
-  def __init__(self, workdir: str, num_epochs: int, stream: TextIO | None = None, *,
+  def __init__(self, run_dir: RunDirectory, num_epochs: int, stream: TextIO | None = None, *,
                enabled: bool = True):
-    self._workdir = workdir
+    self._run_dir = run_dir
+    self._records: list[dict] = []
     self._num_epochs = num_epochs
     self._stream = stream or sys.stdout
     self._enabled = enabled
     self._seconds: list[float] = []
     self._writer: EventsWriter | None = None
     if enabled:
-      _make_run_directory(workdir)
+      run_dir.make()
 
   def start(self, start_epoch: int) -> None:
     """Opens the files for epochs after `start_epoch`, dropping any record past it."""
     if not self._enabled:
       return
-    with _writing(self._workdir):
-      keep_records_through(self._workdir, start_epoch)
+    self._records = keep_records_through(self._run_dir, start_epoch)
+    with _writing(str(self._run_dir)):
       # The suffix keeps a run resumed in the same second from overwriting the last one's events.
       self._writer = self._events_file(f'.from-epoch-{start_epoch}')
       # SummaryWriter(purge_step=start_epoch + 1)'s own restart event, written without its thread:
@@ -146,10 +136,9 @@ class Reporter(ClosedOnExit):
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
     if not self._enabled:
       return
-    with _writing(os.path.join(self._workdir, METRICS_FILE)) as path:
-      with open(path, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(record) + '\n')
-    with _writing(self._workdir):  # TensorBoard's events file.
+    self._records.append(record)
+    _write_records(self._run_dir, METRICS_FILE, self._records)
+    with _writing(str(self._run_dir)):  # TensorBoard's events file.
       self._add_scalars(record)
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
@@ -157,17 +146,18 @@ class Reporter(ClosedOnExit):
     say(format_line(record, self._num_epochs, eta), self._stream)
 
   def _events_file(self, suffix: str) -> EventsWriter:
-    return EventsWriter(os.path.join(self._workdir, 'events'), suffix)
+    return EventsWriter(self._run_dir.file('events'), suffix)
 
   def pictures(self, pictures: dict[str, np.ndarray], epoch: int) -> None:
     """Each picture (uint8 [H, W, 3]) as NAME.png in the run directory and a TensorBoard image."""
     if not self._enabled:
       return
     for name, pixels in pictures.items():
-      with _writing(os.path.join(self._workdir, f'{name}.png')) as path:
-        Image.fromarray(pixels).save(path + '.tmp', format='PNG')
-        os.replace(path + '.tmp', path)  # Whole or not at all: a viewer never sees half a file.
-    with _writing(self._workdir):
+      png = io.BytesIO()
+      Image.fromarray(pixels).save(png, format='PNG')
+      with _writing(self._run_dir.file(f'{name}.png')):
+        self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
+    with _writing(str(self._run_dir)):
       if self._writer is None:  # An evaluation alone (eval_only) has no events file open.
         self._writer = self._events_file(f'.eval-epoch-{epoch}')
       for name, pixels in pictures.items():
@@ -190,11 +180,12 @@ class Reporter(ClosedOnExit):
     if not (wanted and self._enabled):
       yield
       return
-    with _writing(self._workdir), jax.profiler.trace(self._workdir, create_perfetto_trace=True):
+    with _writing(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
+                                                          create_perfetto_trace=True):
       yield
-    traces = sorted(glob.glob(os.path.join(self._workdir, 'plugins', 'profile', '*')))
+    traces = self._run_dir.glob('plugins/profile/*')
     self.log(f'traced epoch {epoch} into {traces[-1]} (TensorBoard\'s profile tab with '
-             f'--logdir={self._workdir}, or its perfetto_trace.json.gz in ui.perfetto.dev)')
+             f'--logdir={self._run_dir}, or its perfetto_trace.json.gz in ui.perfetto.dev)')
 
   def log(self, message: str) -> None:
     if self._enabled:
@@ -207,21 +198,19 @@ class Reporter(ClosedOnExit):
     """The newest metrics.jsonl record of `epoch`, if this process keeps the files and has one."""
     if not self._enabled:
       return None
-    matches = [r for r in read_records(self._workdir) if r.get('epoch') == epoch]
+    matches = [r for r in read_records(self._run_dir) if r.get('epoch') == epoch]
     return matches[-1] if matches else None
 
   def evaluation(self, record: dict) -> None:
     """An evaluated checkpoint: one line in eval.jsonl and one on the console."""
     if not self._enabled:
       return
-    with _writing(os.path.join(self._workdir, EVAL_FILE)) as path:
-      with open(path, 'a', encoding='utf-8') as f:
-        f.write(json.dumps(record) + '\n')
+    _write_records(self._run_dir, EVAL_FILE, [*read_records(self._run_dir, EVAL_FILE), record])
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
 
   def close(self) -> None:
     if self._writer is not None:
       writer, self._writer = self._writer, None
-      with _writing(self._workdir):
+      with _writing(str(self._run_dir)):
         writer.close()

@@ -81,6 +81,7 @@ _predict = jax.jit(epoch.predict, static_argnames='batch_size')  # Compiled once
 
 
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
-                   batch_size: int) -> np.ndarray:
-  """Class logits [N, 10] of uint8 images [N, 784] on the host, in evaluation's batches."""
-  return np.asarray(jax.device_get(_predict(state, images, batch_size=batch_size)))
+                   config: ml_collections.ConfigDict) -> np.ndarray:
+  """Class logits [N, 10] of uint8 images [N, 784] on the host, as the run's evaluation makes them."""
+  with jax.default_matmul_precision(config.matmul_precision):
+    return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))

@@ -1,0 +1,151 @@
+"""A run directory in a Cloud Storage bucket, as a Cloud TPU user keeps it (it outlives a preempted
+VM): train, kill -9, resume exactly, evaluate and classify from it; one run at a time; one line for
+a missing bucket or missing credentials. On a local emulator (tests/conftest.py's gcs_emulator)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, override_flags, read_metrics, run_train, without_timings
+
+pytestmark = pytest.mark.slow
+
+SMALL = dict(num_epochs=4, data__train_split='train[:2000]', data__eval_split='test[:500]')
+
+
+def blob(url: str):
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  bucket, _, name = url[len('gs://'):].partition('/')
+  return storage.Client().bucket(bucket).blob(name)
+
+
+def records(workdir: str, name: str = 'metrics.jsonl') -> list[dict]:
+  found = blob(f'{workdir}/{name}')
+  return ([json.loads(line) for line in found.download_as_text().splitlines()]
+          if found.exists() else [])
+
+
+def names(workdir: str) -> set[str]:
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  bucket, _, prefix = workdir[len('gs://'):].partition('/')
+  return {b.name[len(prefix) + 1:] for b in storage.Client().list_blobs(bucket, prefix=prefix + '/')}
+
+
+def launch(*args: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None:
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert process.poll() is None, process.stderr.read()
+    assert time.monotonic() < deadline
+    time.sleep(0.2)
+
+
+def test_killed_on_cloud_storage_it_resumes_exactly_and_predict_and_eval_only_read_it(
+    bucket, tmp_path, mnist_dir):
+  args = ['--config=configs/default.py', *override_flags(**SMALL)]
+  assert run_train(*args, f'--workdir={tmp_path / "local"}').returncode == 0
+  workdir = f'{bucket}/run'
+  args += ['--lock_stale_after=2']  # The killed run's lock is free 2 s after its last refresh.
+  first = launch(*args, f'--workdir={workdir}')
+  try:
+    wait_for(lambda: len(records(workdir)) >= 2, first)
+  finally:
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+  time.sleep(2)
+  resumed = run_train(*args, f'--workdir={workdir}')
+  assert resumed.returncode == 0, resumed.stderr
+  assert 'resumed from epoch' in resumed.stdout
+  assert without_timings(records(workdir)) == without_timings(read_metrics(tmp_path / 'local'))
+  written = names(workdir)
+  assert {'mistakes.png', 'confusion.png', 'run.lock'} <= written
+  assert any(name.startswith('events.out.tfevents') for name in written)
+  assert blob(f'{workdir}/run.lock').download_as_text() == ''  # Released at the end.
+
+  evaluated = run_train(*args, f'--workdir={workdir}', '--config.eval_only=True')
+  assert evaluated.returncode == 0, evaluated.stderr
+  [record] = records(workdir, 'eval.jsonl')
+  assert record['eval_accuracy'] == records(workdir)[-1]['eval_accuracy']
+  predicted = run_train(f'--workdir={workdir}', str(ROOT / 'docs' / 'digits'), script='predict.py')
+  assert predicted.returncode == 0, predicted.stderr
+  assert len(predicted.stdout.splitlines()) == 4
+  assert f'with the checkpoint of epoch 4 in {workdir}' in predicted.stderr
+
+
+def test_one_run_at_a_time_and_a_killed_owners_lock_is_taken_over_once_silent(bucket, mnist_dir):
+  workdir = f'{bucket}/run'
+
+  def args(epochs: int) -> list[str]:  # A lock silent 3 s is stale: refreshed every 0.75 s.
+    return ['--config=configs/default.py', f'--workdir={workdir}', '--lock_stale_after=3',
+            *override_flags(**{**SMALL, 'num_epochs': epochs})]
+
+  first = launch(*args(300))
+  try:
+    wait_for(lambda: len(records(workdir)) >= 1, first)
+    second = run_train(*args(300))
+    assert first.poll() is None  # The owner was alive all along.
+    assert second.returncode == 1
+    [line] = second.stderr.strip().splitlines()
+    assert line.startswith(f'error: the run directory {workdir} is in use by a training run (host ')
+    assert f'pid {first.pid}; its lock was refreshed' in line
+  finally:
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+  time.sleep(3)
+  epochs = len(records(workdir)) + 1
+  third = run_train(*args(epochs))
+  assert third.returncode == 0, third.stderr
+  assert f'warning: took over the run directory {workdir} from a run that stopped refreshing' in (
+      third.stderr)
+  assert f'pid {first.pid})' in third.stderr
+  assert [r['epoch'] for r in records(workdir)] == list(range(1, epochs + 1))
+
+
+def test_a_missing_bucket_ends_in_one_line_and_writes_nothing(gcs_emulator, mnist_dir):
+  out = run_train('--config=configs/quick.py', '--workdir=gs://no-such-bucket/run')
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines() == [
+      'error: the bucket gs://no-such-bucket of --workdir=gs://no-such-bucket/run does not exist; '
+      'create it (gcloud storage buckets create gs://no-such-bucket --location=REGION) or pass '
+      'another --workdir']
+
+
+def test_no_credentials_end_in_one_line(tmp_path, mnist_dir):
+  env = {name: value for name, value in os.environ.items() if name != 'STORAGE_EMULATOR_HOST'}
+  env['GOOGLE_APPLICATION_CREDENTIALS'] = str(tmp_path / 'no-such-key.json')
+  out = subprocess.run([sys.executable, 'train.py', '--config=configs/quick.py',
+                        '--workdir=gs://some-bucket/run'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=env)
+  assert out.returncode == 1
+  [line] = out.stderr.strip().splitlines()
+  assert line.startswith('error: no Google Cloud credentials to reach gs://some-bucket')
+  assert 'gcloud auth application-default login' in line
+
+
+def test_sigterm_saves_and_resumes_and_a_damaged_checkpoint_is_passed_over(bucket, mnist_dir):
+  workdir = f'{bucket}/run'
+  args = ['--config=configs/default.py', f'--workdir={workdir}', *override_flags(**SMALL)]
+  first = launch(*args)
+  wait_for(lambda: len(records(workdir)) >= 1, first)
+  first.send_signal(signal.SIGTERM)
+  _, stderr = first.communicate(timeout=120)
+  assert first.returncode == 143, stderr
+  assert 'resume with:' in stderr
+  resumed = run_train(*args)
+  assert resumed.returncode == 0, resumed.stderr
+  assert [r['epoch'] for r in records(workdir)] == [1, 2, 3, 4]
+
+  blob(f'{workdir}/4/state/_METADATA').delete()  # The newest checkpoint loses a file.
+  evaluated = run_train(*args, '--config.eval_only=True')
+  assert evaluated.returncode == 0, evaluated.stderr
+  assert 'passed over the checkpoint of epoch 4' in evaluated.stderr
+  assert [r['epoch'] for r in records(workdir, 'eval.jsonl')] == [3]
