@@ -6,6 +6,35 @@ from collections.abc import Callable
 from typing import Any
 
 
+# Other libraries' errors that only their text tells apart (no exception type or status code of
+# their own), all here; each is provoked from the pinned versions (tests/test_library_errors.py).
+# Tensorstore's (through orbax): the OS's reason in its error text, and its status for ENOSPC and
+# EDQUOT.
+TENSORSTORE_OS_REASON = re.compile(r':\s*([^:\[\]]+?)\s*\[os_error_code')
+TENSORSTORE_SPACE_STATUS = 'RESOURCE_EXHAUSTED'
+# Tensorstore's statuses for bytes that are missing, cut short or wrong, in plain ValueErrors that
+# orbax passes on or quotes: 'NOT_FOUND: Error reading ...', 'Truncated Zstd-compressed stream'.
+TENSORSTORE_DAMAGE_STATUS = re.compile(
+    r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
+# Orbax's ValueErrors for a saved tree that differs from the one asked for: 'User-provided restore
+# item and on-disk value metadata tree structures do not match', 'Requested shape: (256,) is not
+# compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
+ORBAX_TREE_MISMATCH = re.compile(
+    r'tree structures do not match|pytree structure|not compatible with the stored shape')
+# Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
+ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
+# JAX's warning when its persistent compilation cache cannot be read or written.
+JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation cache')
+# What a collective (gloo), or a barrier of JAX's coordination service, fails with once a peer is
+# gone; and the first line of JAX's abort when that service reports a lost process.
+PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
+                       r'heartbeat|[Bb]arrier')
+JAX_ABORT = b'Terminating process because the JAX distributed service detected fatal errors'
+# ml_collections' error for an override of a field the config lacks: the name, and its guess.
+CONFIG_FIELD_NAMED = re.compile(r"'([\w.]+)")
+CONFIG_FIELD_GUESS = re.compile(r'Did you mean "([^"]+)"')
+
+
 class UserError(Exception):
   """A mistake in the user's flags, config or data, or a fault of their machine; names the fix."""
 
@@ -38,10 +67,10 @@ class ClosedOnExit:
 
 def _os_reason(text: str) -> str:
   """The OS's reason inside orbax's (tensorstore's) error text, whose form varies by version."""
-  found = re.search(r':\s*([^:\[\]]+?)\s*\[os_error_code', text)
+  found = TENSORSTORE_OS_REASON.search(text)
   if found:
     return found.group(1)
-  if 'RESOURCE_EXHAUSTED' in text:  # Tensorstore's status for ENOSPC and EDQUOT.
+  if TENSORSTORE_SPACE_STATUS in text:
     return 'No space left on device, or over quota'
   return (text.strip().splitlines() or [''])[0][:160]
 

@@ -2,7 +2,6 @@
 
 import functools
 import os
-import re
 import shlex
 import sys
 import traceback
@@ -13,7 +12,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, UserError, fail
+from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail
 
 
 class ConfigFileFailed(Exception):
@@ -99,9 +98,9 @@ def config_flag_lines(config: ml_collections.ConfigDict, prefix: str = '') -> li
 def _unknown_field(error: Exception) -> str:
   """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
   text = str(error.args[0]) if error.args else str(error)
-  found = re.search(r"'([\w.]+)", text)
+  found = CONFIG_FIELD_NAMED.search(text)
   name = found.group(1) if found else text.split()[0]
-  suggestion = re.search(r'Did you mean "([^"]+)"', text)
+  suggestion = CONFIG_FIELD_GUESS.search(text)
   hint = f'did you mean {suggestion.group(1)!r}?' if suggestion else 'check the name in the config file'
   return f'the config has no field {name!r}; {hint}'
 

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+import errors
+
 from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_devices,
                             override_flags, read_metrics, run_train,
                             without_timings)
@@ -222,7 +224,7 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_nev
 def test_the_relay_says_jax_s_abort_as_the_run_s_line_and_nothing_after_it():
   out = io.BytesIO()
   lines = [b'W1123 a warning of the run\n', b'F1123 16:08:06.301057 7202 client.h:80] ' +
-           lost_peers.JAX_ABORT + b'. absl::Status: UNAVAILABLE\n', b'*** Check failure stack\n',
+           errors.JAX_ABORT + b'. absl::Status: UNAVAILABLE\n', b'*** Check failure stack\n',
            b'error: a process of the run was lost (...)\n', b'Fatal Python error: Aborted\n']
   lost_peers.relay(iter(lines), out, lambda: 'a process of the run was lost;  here:  cmd')
   assert out.getvalue() == (b'W1123 a warning of the run\n'

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from etils import epath
 
 from mlp import steps
 from mlp.augment import Distortion
+from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
 from errors import ClosedOnExit, UserError, write_failed
 from trainer import processes
 from trainer.storage import RunDirectory
@@ -47,19 +47,6 @@ NAME_FORMAT = ocp.path.step.standard_name_format()  # Orbax's default step folde
 # Files every complete checkpoint holds; one missing is damage.
 REQUIRED_FILES = (os.path.join(META, META_FILE),
                   os.path.join(STATE, ocp.path.format_utils.PYTREE_METADATA_FILE))
-# Tensorstore's statuses for bytes that are missing, cut short or wrong. Its errors are plain
-# ValueErrors (orbax passes them on, or quotes them in its own), so only their text tells:
-# 'NOT_FOUND: Error reading ...', 'OUT_OF_RANGE: ...', 'Truncated Zstd-compressed stream'.
-TENSORSTORE_DAMAGE_STATUS = re.compile(
-    r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
-# Orbax's ValueErrors for a saved tree that differs from the one asked for (no type of their own):
-# 'User-provided restore item and on-disk value metadata tree structures do not match',
-# 'Requested shape: (256,) is not compatible with the stored shape: (512,)', and jax's
-# 'pytree structure error: different types at key path' when orbax maps the two trees.
-ORBAX_TREE_MISMATCH = re.compile(
-    r'tree structures do not match|pytree structure|not compatible with the stored shape')
-# Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
-ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
 import contextlib
 import os
-import re
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+
+from errors import JAX_CACHE_TROUBLE
 
 OFF = 'off'
 FOLDER = os.path.join('mnist-mlp', 'jax-compilation-cache')  # Under the user's cache folder.
@@ -18,7 +19,6 @@ SETTINGS = {
     # one run, never read an entry half written. Least recently used entries go first.
     'jax_compilation_cache_max_size': 2 * 2**30,
 }
-_JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation cache')
 
 
 def default_folder(environ: Mapping[str, str]) -> str:
@@ -79,7 +79,7 @@ def one_warning(warn: Callable[[str], None]) -> Iterator[None]:
     show = warnings.showwarning
 
     def show_once(message, category, *args, **kwargs):
-      if not _JAX_CACHE_TROUBLE.match(str(message)):
+      if not JAX_CACHE_TROUBLE.match(str(message)):
         show(message, category, *args, **kwargs)
       elif not said:
         said.append(True)

@@ -8,19 +8,15 @@ the abort and turns it into the run's one line; once that line is out, nothing e
 """
 
 import os
-import re
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
+from errors import JAX_ABORT, PEER_LOST
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What a collective, or a barrier of the coordination service, fails with once a peer is gone.
-_PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
-                        r'heartbeat|[Bb]arrier')
-# The first line of JAX's abort when its coordination service reports a lost process.
-JAX_ABORT = b'Terminating process because the JAX distributed service detected fatal errors'
 LOST = 'a process of the run was lost'
 
 
@@ -30,7 +26,7 @@ def lost_a_peer(error: BaseException | None) -> bool:
   if jax.process_count() == 1:
     return False
   while error is not None:
-    if isinstance(error, jax.errors.JaxRuntimeError) and _PEER_LOST.search(str(error)):
+    if isinstance(error, jax.errors.JaxRuntimeError) and PEER_LOST.search(str(error)):
       return True
     error = error.__cause__ or error.__context__
   return False

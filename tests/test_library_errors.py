@@ -1,0 +1,49 @@
+"""Each library text errors.py recognizes, as the pinned libraries really word it.
+
+The texts that need a real run to provoke are checked where that run happens: tensorstore's
+damage status by the truncated checkpoint of tests/test_checkpoint.py, its OS reason and space
+status by the full disks there, orbax's tree mismatch by the checkpoint of another structure
+there, a lost peer by the killed processes of tests/test_processes.py, ml_collections' field
+guess by the typo of tests/test_cli.py. The rest are provoked here.
+"""
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+import errors
+from tests.conftest import ROOT
+
+
+def test_asyncio_words_a_closed_loop_as_recognized():
+  loop = asyncio.new_event_loop()
+  loop.close()
+  with pytest.raises(RuntimeError) as closed:
+    loop.call_soon(print)
+  assert str(closed.value) == errors.ASYNCIO_LOOP_CLOSED
+
+
+# A program compiled with the cache in a folder below a file: JAX warns that it cannot read it.
+CACHE_BELOW_A_FILE = """
+import pathlib, sys, warnings
+import jax, jax.numpy as jnp
+blocker = pathlib.Path(sys.argv[1])
+blocker.write_text('a file, not a folder')
+jax.config.update('jax_compilation_cache_dir', str(blocker / 'cache'))
+jax.config.update('jax_persistent_cache_min_compile_time_secs', 0)
+with warnings.catch_warnings(record=True) as said:
+  warnings.simplefilter('always')
+  jax.jit(lambda x: x * 2 + 1)(jnp.ones(3)).block_until_ready()
+print('\\n'.join(str(w.message).splitlines()[0] for w in said))
+"""
+
+
+def test_jax_words_a_cache_it_cannot_use_as_recognized(tmp_path):
+  out = subprocess.run([sys.executable, '-c', CACHE_BELOW_A_FILE, str(tmp_path / 'blocker')],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr
+  said = out.stdout.strip().splitlines()
+  assert said and all(errors.JAX_CACHE_TROUBLE.match(line) for line in said), said
