@@ -104,11 +104,10 @@ class TrainerRun:
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                state: steps.TrainState | None = None):
     """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
-    self._run = set_up_run(config, place(config), examples, examples, state)
-    self._state = self._run.state
+    self._run, self._state = set_up_run(config, place(config), examples, examples, state)
     # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
     # start from it to train exactly what the trainer trains.
-    self.start_state: steps.TrainState = jax.device_get(self._run.state)
+    self.start_state: steps.TrainState = jax.device_get(self._state)
     self.run_key: jax.Array = self._run.run_key  # Drives every epoch's order and dropout.
     self.placement: str = self._run.programs.placement
     self.mesh: Mesh = self._run.mesh

@@ -47,12 +47,13 @@ def same(a, b) -> bool:
 def walk_replicated_state(config) -> dict:
   """One epoch on the mesh, then epoch 2 twice: straight on, and from a host copy put back."""
   train = load_split(config.data, config.data.train_split)
-  run = set_up_run(config, place(config), train, load_split(config.data, config.data.eval_split))
-  initial = jax.device_get(run.state)
+  run, start = set_up_run(config, place(config), train,
+                          load_split(config.data, config.data.eval_split))
+  initial = jax.device_get(start)
   report = {'mesh_size': run.mesh.size, 'initial_shapes': shapes(initial),
             'replicated': all(x.sharding.is_fully_replicated and x.sharding.mesh.size == 8
-                              for x in jax.tree.leaves(run.state))}
-  state, report['train_metrics'] = run.train_epoch(run.state, 1)
+                              for x in jax.tree.leaves(start))}
+  state, report['train_metrics'] = run.train_epoch(start, 1)
   report['eval_metrics'] = run.evaluate(state)
   after_one = jax.device_get(state)
   report['host_shapes'] = shapes(after_one)

@@ -61,9 +61,9 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run = set_up_run(config, place(config), None, examples)
-  state = jax.device_get(run.state)
-  sums = jax.device_get(run.programs.evaluate(run.state, *run.eval_data))
+  run, on_mesh = set_up_run(config, place(config), None, examples)
+  state = jax.device_get(on_mesh)
+  sums = jax.device_get(run.programs.evaluate(on_mesh, *run.eval_data))
   assert int(sums['count']) == 1999
   images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
   logits = state.apply_fn({'params': state.params}, images)
@@ -90,7 +90,7 @@ def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, ope
   config = make_config(matmul_precision=precision, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  programs = set_up_run(config, place(config), train, evaluation).programs
+  programs = set_up_run(config, place(config), train, evaluation)[0].programs
   for program in (programs.train, programs.evaluate):
     found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
     assert found == ({operands} if operands else set())  # XLA's default leaves it unset.

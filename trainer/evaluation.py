@@ -34,11 +34,11 @@ def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainS
 def _score(config: ml_collections.ConfigDict, placement: Placement, restored: Restored,
            examples: Examples, reporter: Reporter) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
-  run = set_up_run(config, placement, None, examples, restored.state)
-  metrics = run.evaluate(restored.state)
+  run, state = set_up_run(config, placement, None, examples, restored.state)
+  metrics = run.evaluate(state)
   return {'epoch': restored.epoch, 'eval_split': config.data.eval_split,
           'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy'],
-          'eval_accuracy_per_digit': review(config, run, restored.state, restored.epoch, reporter)}
+          'eval_accuracy_per_digit': review(config, run, state, restored.epoch, reporter)}
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict:

@@ -64,20 +64,22 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
   if restored and start_epoch >= config.num_epochs:  # num_epochs >= 1: restored.
     return evaluation.report_finished(config, placement, restored, examples, reporter)
   compile_start = time.perf_counter()
-  run = set_up_run(config, placement, train, examples, restored.state if restored else None)
+  run, state = set_up_run(config, placement, train, examples,
+                          restored.state if restored else None)
   reporter.log(f'training on {len(train):,} images ({config.data.train_split}), evaluating on '
                f'{len(examples):,} ({config.data.eval_split}); {steps_per_epoch} steps of '
                f'{config.batch_size} per epoch in {config.dtype}, matmul precision '
                f'{config.matmul_precision}, {run.programs.placement}; '
                f'compiled in {time.perf_counter() - compile_start:.1f}s')
-  return _train(config, run, checkpoints, reporter, start_epoch, should_stop)
+  return _train(config, run, state, checkpoints, reporter, start_epoch, should_stop)
 
 
-def _train(config: ml_collections.ConfigDict, run: RunSetup, checkpoints: Checkpoints,
-           reporter: Reporter, start_epoch: int,
+def _train(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainState,
+           checkpoints: Checkpoints, reporter: Reporter, start_epoch: int,
            should_stop: Callable[[], str | None]) -> dict[str, float]:
-  """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves and ends."""
-  state, record = run.state, dict[str, float]()
+  """Epochs after `start_epoch` from `state`: each recorded, then saved when due; a stop request
+  saves and ends."""
+  record = dict[str, float]()
   schedule = optim.learning_rate_schedule(config, run.steps_per_epoch)
   for epoch in range(start_epoch + 1, config.num_epochs + 1):
     with reporter.traced(epoch, wanted=epoch == config.profile_epoch):

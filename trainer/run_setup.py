@@ -16,10 +16,12 @@ DeviceData = tuple[jax.Array, jax.Array]  # A split's uint8 images and int32 lab
 
 @dataclasses.dataclass(frozen=True)
 class RunSetup:
-  """What training and evaluation compute with; every array is global, replicated over the mesh."""
+  """What training and evaluation compute with; every array is global, replicated over the mesh.
+
+  It holds no state: an epoch consumes (donates) the state it starts from.
+  """
   mesh: Mesh
   run_key: jax.Array  # Drives every epoch's order, dropout and shifts.
-  state: steps.TrainState  # The state to start from: fresh, or restored from a checkpoint.
   train_data: DeviceData | None  # None when only evaluating.
   eval_data: DeviceData
   programs: devices.EpochPrograms
@@ -60,8 +62,9 @@ def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
 
 def set_up_run(config: ml_collections.ConfigDict, placement: devices.Placement,
                train: Examples | None, evaluation: Examples,
-               state: steps.TrainState | None = None) -> RunSetup:
-  """Keys, state (a fresh one unless given), data on the devices and the epoch programs compiled."""
+               state: steps.TrainState | None = None) -> tuple[RunSetup, steps.TrainState]:
+  """Keys, data on the devices and the epoch programs compiled; and the state to start from (a
+  fresh one unless given), on the mesh."""
   mesh = placement.mesh
   init_key, run_key = steps.run_keys(config.seed)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
@@ -74,7 +77,7 @@ def set_up_run(config: ml_collections.ConfigDict, placement: devices.Placement,
   train_data = on_mesh(train) if train is not None else None
   eval_data = on_mesh(evaluation)
   programs = devices.compile_epochs(config, placement, state, run_key, train_data, eval_data)
-  return RunSetup(mesh, run_key, state, train_data, eval_data, programs, steps_per_epoch)
+  return RunSetup(mesh, run_key, train_data, eval_data, programs, steps_per_epoch), state
 
 
 _predict = jax.jit(epoch.predict, static_argnames='batch_size')  # Compiled once per shape and batch.
