@@ -159,7 +159,9 @@ def gcs_emulator(tmp_path_factory) -> Iterator[dict[str, str]]:
                               stdout=log_file, stderr=subprocess.STDOUT)
   deadline = time.monotonic() + 30
   while not _answers(f'{url}/storage/v1/b'):
-    assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+    if server.poll() is not None or time.monotonic() > deadline:
+      server.kill()
+      pytest.fail(f'the Cloud Storage emulator did not start: {log.read_text()}')
     time.sleep(0.1)
   env = {'STORAGE_EMULATOR_HOST': url, 'TENSORSTORE_GCS_HTTP_URL': url,
          'FSSPEC_GCS': json.dumps({'token': 'anon', 'cache_timeout': 0}),

@@ -136,9 +136,13 @@ def test_sigterm_saves_and_resumes_and_a_damaged_checkpoint_is_passed_over(bucke
   workdir = f'{bucket}/run'
   args = ['--config=configs/default.py', f'--workdir={workdir}', *override_flags(**SMALL)]
   first = launch(*args)
-  wait_for(lambda: len(records(workdir)) >= 1, first)
-  first.send_signal(signal.SIGTERM)
-  _, stderr = first.communicate(timeout=120)
+  try:
+    wait_for(lambda: len(records(workdir)) >= 1, first)
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+  finally:
+    first.kill()
+    first.wait()
   assert first.returncode == 143, stderr
   assert 'resume with:' in stderr
   resumed = run_train(*args)

@@ -16,7 +16,8 @@ from trainer.reporting import METRICS_FILE
 from trainer.run_lock import LOCK_FILE, RunLock
 
 HOLD = ('import sys, time; from trainer.run_lock import RunLock\n'
-        'with RunLock(sys.argv[1]):\n  print("held", flush=True); time.sleep(600)')
+        'with RunLock(sys.argv[1], stale_after=float((sys.argv[2:] or [120])[0])):\n'
+        '  print("held", flush=True); time.sleep(600)')
 
 
 def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
@@ -101,7 +102,8 @@ def lock_text(url: str) -> str:
 def test_on_cloud_storage_one_run_wins_and_the_lock_is_emptied_at_the_end(bucket):
   workdir = f'{bucket}/run'
   with RunLock(workdir):
-    assert lock_text(workdir) == f'host {socket.gethostname()}, pid {os.getpid()}\n'
+    assert lock_text(workdir) == (f'host {socket.gethostname()}, pid {os.getpid()}; stale after '
+                                  '120 s\n')
     with pytest.raises(UserError, match=rf'the run directory {workdir} is in use by a training '
                                         rf'run \(host {socket.gethostname()}, pid {os.getpid()}; '
                                         r'its lock was refreshed \d+ s ago'):
@@ -123,7 +125,7 @@ def test_on_cloud_storage_the_owner_keeps_its_lock_fresh(bucket):
 
 def test_on_cloud_storage_a_silent_lock_is_taken_over_saying_so(bucket):
   workdir = f'{bucket}/run'
-  holder = subprocess.Popen([sys.executable, '-c', HOLD, workdir], cwd=ROOT,
+  holder = subprocess.Popen([sys.executable, '-c', HOLD, workdir, '2'], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
   try:
     assert holder.stdout.readline().strip() == 'held'
@@ -137,7 +139,7 @@ def test_on_cloud_storage_a_silent_lock_is_taken_over_saying_so(bucket):
   warnings = []
   with RunLock(workdir, stale_after=2.0, warn=warnings.append) as lock:
     lock.check()
-    assert lock_text(workdir).endswith(f'pid {os.getpid()}\n')
+    assert lock_text(workdir).endswith(f'pid {os.getpid()}; stale after 2 s\n')
   assert len(warnings) == 1 and f'pid {holder.pid}' in warnings[0]
   assert 'stopped refreshing its lock' in warnings[0]
 
@@ -177,3 +179,26 @@ def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
     with storage.user_errors('gs://b/run'):
       raise raised('refused')
   assert '\n' not in str(refusal.value)
+
+
+def test_on_cloud_storage_a_newcomer_waits_as_long_as_the_owner_said(bucket):
+  """An owner refreshing every 25 s is not taken for dead by a run that would wait only 1 s."""
+  workdir = f'{bucket}/run'
+  with RunLock(workdir, stale_after=100):
+    time.sleep(1.5)
+    with pytest.raises(UserError, match='is taken over once silent for 100 s'):
+      with RunLock(workdir, stale_after=1):
+        pass
+
+
+def test_on_cloud_storage_a_lock_that_cannot_be_emptied_only_warns(bucket, monkeypatch):
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  workdir, warnings = f'{bucket}/run', []
+
+  def cut_off(*args, **kwargs):
+    raise ConnectionError('the network is gone')
+
+  with RunLock(workdir, warn=warnings.append):
+    monkeypatch.setattr(storage.Blob, 'upload_from_string', cut_off)
+  assert len(warnings) == 1 and 'could not release the run lock' in warnings[0]
+  assert 'the next run takes it over once it is silent for 120 s' in warnings[0]

@@ -39,21 +39,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                stale_after=lock_stale_after, warn=reporter.warn) as lock:
     processes.check_shared_directory(run_dir)
     with Checkpoints(run_dir.name, config) as checkpoints, reporter:  # Exit: every save is done.
-      return _resume(config, train, examples, placement, checkpoints, reporter,
-                     _guarded(lock, should_stop))
-
-
-def _guarded(lock: RunLock, should_stop: Callable[[], str | None]) -> Callable[[], str | None]:
-  """`should_stop`, after a check that no other run took the lock over: this one must not save."""
-  def stop() -> str | None:
-    lock.check()
-    return should_stop()
-  return stop
+      return _resume(config, train, examples, placement, checkpoints, reporter, should_stop,
+                     lock)
 
 
 def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Examples,
             placement: Placement, checkpoints: Checkpoints, reporter: Reporter,
-            should_stop: Callable[[], str | None]) -> dict[str, float]:
+            should_stop: Callable[[], str | None], lock: RunLock) -> dict[str, float]:
   """Continues from the newest good checkpoint, or starts; a finished run is reported again."""
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size)
   restored = checkpoints.restore(state_template(config, placement.mesh, steps_per_epoch))
@@ -71,11 +63,11 @@ def _resume(config: ml_collections.ConfigDict, train: Examples, examples: Exampl
                f'{config.batch_size} per epoch in {config.dtype}, matmul precision '
                f'{config.matmul_precision}, {run.programs.placement}; '
                f'compiled in {time.perf_counter() - compile_start:.1f}s')
-  return _train(config, run, state, checkpoints, reporter, start_epoch, should_stop)
+  return _train(config, run, state, checkpoints, reporter, lock, start_epoch, should_stop)
 
 
 def _train(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainState,
-           checkpoints: Checkpoints, reporter: Reporter, start_epoch: int,
+           checkpoints: Checkpoints, reporter: Reporter, lock: RunLock, start_epoch: int,
            should_stop: Callable[[], str | None]) -> dict[str, float]:
   """Epochs after `start_epoch` from `state`: each recorded, then saved when due; a stop request
   saves and ends."""
@@ -88,6 +80,7 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainS
     record['learning_rate'] = float(schedule(epoch * run.steps_per_epoch - 1))
     _check_finite(record, checkpoints.epochs())
     checkpoints.check()  # A background save that failed stops the run here.
+    lock.check()  # So does a lock another run took over: this run must write no more.
     reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
     # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
     stop = processes.agree_to_stop(should_stop())

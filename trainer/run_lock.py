@@ -4,6 +4,7 @@ generation preconditions give one owner, who keeps it fresh so that a dead owner
 import datetime
 import fcntl
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable
@@ -67,7 +68,8 @@ class _Flock:
 class _ObjectLock:
   """Cloud Storage has no flock: the lock object is written only if its generation is the one
   expected (0: absent), so of two runs one wins; its owner rewrites it every `stale_after / 4` s,
-  and ends by emptying it. A lock left silent `stale_after` seconds (kill -9, a deleted VM) is free."""
+  and ends by emptying it. A lock left silent `stale_after` seconds (kill -9, a deleted VM) is
+  free; the lock names its owner's `stale_after`, and a newcomer waits the longer of the two."""
 
   def __init__(self, workdir: str, stale_after: float, warn: Callable[[str], None]):
     self._workdir, self._stale_after, self._warn = workdir, stale_after, warn
@@ -81,30 +83,32 @@ class _ObjectLock:
       self._blob = storage.blob(f'{self._workdir.rstrip("/")}/{LOCK_FILE}')
       if not self._write(expected=0):
         found = self._blob.bucket.get_blob(self._blob.name)
-        refusal = self._free_or_busy(found) if found else None
-        if refusal or not self._write(expected=found.generation if found else 0):
-          return refusal or _busy(self._workdir, 'another run took the lock first')
+        holder, silent = self._holder(found) if found else ('', 0)
+        if holder and silent < max(self._stale_after, _stale_after_of(holder)):
+          return _busy(self._workdir, holder.split('; ')[0], f'; its lock was refreshed {silent} s '
+                       'ago, and is taken over once silent for '
+                       f'{max(self._stale_after, _stale_after_of(holder)):.0f} s')
+        if not self._write(expected=found.generation if found else 0):
+          return _busy(self._workdir, 'another run took the lock first')
+        if holder:
+          self._warn(f'took over the run directory {self._workdir} from a run that stopped '
+                     f'refreshing its lock {silent} s ago ({holder.split("; ")[0]}): killed, or '
+                     'its VM deleted')
     self._beat.start()
     return None
 
-  def _free_or_busy(self, found) -> UserError | None:
-    """None if the lock names no run or a silent one (said in a warning), else why not."""
-    holder = found.download_as_text().strip()
+  @staticmethod
+  def _holder(found: Any) -> tuple[str, int]:
+    """The run a lock names ('' if none), and how many seconds ago it was last written."""
     silent = datetime.datetime.now(datetime.timezone.utc) - found.updated
-    if holder and silent.total_seconds() < self._stale_after:
-      return _busy(self._workdir, holder, f'; its lock was refreshed {silent.seconds} s ago, and '
-                   f'is taken over once silent for {self._stale_after:.0f} s')
-    if holder:
-      self._warn(f'took over the run directory {self._workdir} from a run that stopped refreshing '
-                 f'its lock {silent.seconds} s ago ({holder}): killed, or its VM deleted')
-    return None
+    return found.download_as_text().strip(), max(0, int(silent.total_seconds()))
 
   def _write(self, expected: int | None, text: str | None = None) -> bool:
     """Writes the lock if its generation is `expected`; False if another run wrote it first."""
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
+    owner = f'{_owner()}; stale after {self._stale_after:g} s\n'
     try:
-      self._blob.upload_from_string(f'{_owner()}\n' if text is None else text,
-                                    if_generation_match=expected)
+      self._blob.upload_from_string(owner if text is None else text, if_generation_match=expected)
     except exceptions.PreconditionFailed:
       return False
     self._generation = self._blob.generation
@@ -120,15 +124,25 @@ class _ObjectLock:
         continue
 
   def release(self) -> None:
+    """Empties the lock if it is still this run's; a failure only warns: the lock goes stale."""
     self._stop.set()
     if self._beat.is_alive():
       self._beat.join()
     if self._generation is not None and not self._lost.is_set():
-      with storage.user_errors(self._workdir):
+      try:
         self._write(expected=self._generation, text='')
+      except Exception as error:  # pylint: disable=broad-except; never hides the run's own end
+        self._warn(f'could not release the run lock of {self._workdir} ({type(error).__name__}); '
+                   f'the next run takes it over once it is silent for {self._stale_after:.0f} s')
 
   def lost(self) -> bool:
     return self._lost.is_set()
+
+
+def _stale_after_of(holder: str) -> float:
+  """The `stale after N s` a lock's owner wrote into it (0 for a lock of another form)."""
+  found = re.search(r'; stale after ([\d.]+) s', holder)
+  return float(found.group(1)) if found else 0.0
 
 
 class RunLock:
@@ -154,11 +168,12 @@ class RunLock:
     return self
 
   def check(self) -> None:
-    """Stops a run whose lock another run took over (it was silent too long) before it writes."""
-    if self._enabled and self._holder.lost():
+    """Stops every process of a run whose lock another run took over, before it writes again (a
+    collective: every process calls it)."""
+    if not self._everyone(not (self._enabled and self._holder.lost())):
       raise UserError(f'another training run took over the run directory {self._workdir} while '
                       'this one could not refresh its lock (paused, or cut off from Cloud '
-                      'Storage); this run stops without saving')
+                      'Storage); this run stops without writing more')
 
   def __exit__(self, *exc_info) -> None:
     if self._enabled:
