@@ -47,9 +47,14 @@ def format_line(record: dict[str, float], num_epochs: int, eta_seconds: float) -
 
 
 def read_records(run_dir: RunDirectory, name: str = METRICS_FILE) -> list[dict]:
-  """A JSON-lines file's records; a line torn by a kill mid-write (older runs appended) is skipped."""
+  """A JSON-lines file's records; none if there is no such file."""
+  return _parse_records(run_dir.read(name) or '')
+
+
+def _parse_records(text: str) -> list[dict]:
+  """The records of JSON lines; a line torn by a kill mid-write (older runs appended) is skipped."""
   records = []
-  for line in (run_dir.read(name) or '').splitlines():
+  for line in text.splitlines():
     try:
       records.append(json.loads(line))
     except json.JSONDecodeError:
@@ -59,8 +64,9 @@ def read_records(run_dir: RunDirectory, name: str = METRICS_FILE) -> list[dict]:
 
 def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
   """metrics.jsonl without its records past `epoch`, so a resumed run writes no epoch twice."""
-  kept = [r for r in read_records(run_dir) if int(r.get('epoch', 0)) <= epoch]
-  if run_dir.read(METRICS_FILE) is not None:
+  text = run_dir.read(METRICS_FILE)  # Read once: on a bucket, each read is a download.
+  kept = [r for r in _parse_records(text or '') if int(r.get('epoch', 0)) <= epoch]
+  if text is not None:
     _write_records(run_dir, METRICS_FILE, kept)
   return kept
 
@@ -195,10 +201,11 @@ class Reporter(ClosedOnExit):
     warn(message, self._enabled)
 
   def recorded(self, epoch: int) -> dict | None:
-    """The newest metrics.jsonl record of `epoch`, if this process keeps the files and has one."""
+    """The newest metrics.jsonl record of `epoch` (kept by start()), if this process keeps the
+    files and has one."""
     if not self._enabled:
       return None
-    matches = [r for r in read_records(self._run_dir) if r.get('epoch') == epoch]
+    matches = [r for r in self._records if r.get('epoch') == epoch]
     return matches[-1] if matches else None
 
   def evaluation(self, record: dict) -> None:

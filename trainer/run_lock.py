@@ -84,10 +84,10 @@ class _ObjectLock:
       if not self._write(expected=0):
         found = self._blob.bucket.get_blob(self._blob.name)
         holder, silent = self._holder(found) if found else ('', 0)
-        if holder and silent < max(self._stale_after, _stale_after_of(holder)):
+        stale_after = max(self._stale_after, _stale_after_of(holder))
+        if holder and silent < stale_after:
           return _busy(self._workdir, holder.split('; ')[0], f'; its lock was refreshed {silent} s '
-                       'ago, and is taken over once silent for '
-                       f'{max(self._stale_after, _stale_after_of(holder)):.0f} s')
+                       f'ago, and is taken over once silent for {stale_after:.0f} s')
         if not self._write(expected=found.generation if found else 0):
           return _busy(self._workdir, 'another run took the lock first')
         if holder:
