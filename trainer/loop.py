@@ -89,6 +89,9 @@ def _train(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainS
     if stop and epoch < config.num_epochs:
       _wait_for_save(checkpoints, stop, epoch)
       raise Preempted(stop, epoch, checkpoints.directory)
+  # The last save complete before the run says it is saved, and its failure (a full disk) said
+  # first, with the checkpoint the run resumes from, not behind a picture that could not be written.
+  checkpoints.wait()
   evaluation.review(config, run, state, config.num_epochs, reporter)
   pauses = sorted(checkpoints.save_pauses)
   reporter.log(f'saved the checkpoint of epoch {config.num_epochs} in {checkpoints.directory} '
