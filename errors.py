@@ -1,4 +1,4 @@
-"""Errors a user can act on; the library raises them, train.py prints each as one line with the fix."""
+"""Errors a user can act on: the library raises them, train.py prints each as one line, its fix."""
 
 import re
 import sys
@@ -49,7 +49,7 @@ class ConfigError(UserError):
 
 
 class ClosedOnExit:
-  """A context manager that closes on exit, where a failure to close never hides an earlier error."""
+  """A context manager closing on exit, where a failure to close never hides an earlier error."""
 
   def close(self) -> None:
     raise NotImplementedError

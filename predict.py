@@ -90,15 +90,16 @@ def main(argv: list[str]) -> None:
     files = image_files(argv[1:])
     digits = read_digits(files)  # Before JAX loads: a bad file is reported at once.
     os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
-    from trainer import inference, storage  # pylint: disable=g-import-not-at-top
-    config, restored = inference.restore_run(_WORKDIR.value)
+    from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
+    workdir = run_dir.RunDirectory(_WORKDIR.value)
+    config, restored = evaluation.restore_run(workdir)
   except UserError as error:
     fail(str(error), 1)
   for epoch, why in restored.damaged:
     print(f'warning: passed over the checkpoint of epoch {epoch}: {why}', file=sys.stderr)
-  report(files, inference.probabilities(config, restored, digits), _JSON.value)
+  report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {storage.RunDirectory(_WORKDIR.value)}', file=sys.stderr)
+        f'epoch {restored.epoch} in {workdir}', file=sys.stderr)
 
 
 if __name__ == '__main__':

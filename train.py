@@ -1,18 +1,26 @@
-"""Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE ...]`."""
+"""Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE]`."""
 
 import functools
 import os
 import shlex
+import signal
 import sys
 import traceback
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import ml_collections
+if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
+  signal.signal(signal.SIGINT, lambda *_: interrupted())
+
+import ml_collections  # pylint: disable=wrong-import-position
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
 from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail
+
+if TYPE_CHECKING:
+  from trainer.run_dir import RunDirectory
 
 
 class ConfigFileFailed(Exception):
@@ -20,7 +28,7 @@ class ConfigFileFailed(Exception):
 
 
 class ConfigFileParser(flags.ArgumentParser):
-  """ml_collections' own loader, keeping an exception of the file's code apart from override typos."""
+  """ml_collections' own loader, telling an exception of the file's code from override typos."""
 
   def __init__(self, loader: flags.ArgumentParser):
     self.loader = loader
@@ -45,7 +53,8 @@ class ConfigFileParser(flags.ArgumentParser):
 
 
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
+    'config', None,
+    'Config file, e.g. configs/default.py; override fields with --config.FIELD=VALUE.',
     lock_config=True)
 # Flag.parser is absl's public attribute; ml_collections takes no parser of our own.
 flags.FLAGS['config'].parser = ConfigFileParser(flags.FLAGS['config'].parser)
@@ -83,16 +92,11 @@ _COMPILATION_CACHE = flags.DEFINE_string(
 HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
 
 
-def config_flag_lines(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+def config_flag_lines(config: ml_collections.ConfigDict) -> list[str]:
   """Each field of the config as the flag that sets it to its value, for --print_config."""
-  lines = []
-  for name, value in sorted(config.items()):
-    if isinstance(value, ml_collections.ConfigDict):
-      lines += config_flag_lines(value, f'{prefix}{name}.')
-    else:
-      lines.append(f'--config.{prefix}{name}='
-                   f'{shlex.quote(value if isinstance(value, str) else repr(value))}')
-  return lines
+  from trainer import config_rules  # pylint: disable=g-import-not-at-top
+  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
+          for name, value in sorted(config_rules.fields(config).items())]
 
 
 def _unknown_field(error: Exception) -> str:
@@ -101,7 +105,8 @@ def _unknown_field(error: Exception) -> str:
   found = CONFIG_FIELD_NAMED.search(text)
   name = found.group(1) if found else text.split()[0]
   suggestion = CONFIG_FIELD_GUESS.search(text)
-  hint = f'did you mean {suggestion.group(1)!r}?' if suggestion else 'check the name in the config file'
+  hint = (f'did you mean {suggestion.group(1)!r}?' if suggestion
+          else 'check the name in the config file')
   return f'the config has no field {name!r}; {hint}'
 
 
@@ -149,6 +154,13 @@ def this_command() -> str:
   return shlex.join([sys.executable, *sys.argv])
 
 
+def interrupted() -> None:
+  """Ends the process where it is: an exception raised there could abandon orbax's writing threads
+  mid-save, and the exit would wait on them forever. Every complete checkpoint stays."""
+  fail(f'interrupted before the next checkpoint; resume from the newest one with: {this_command()}',
+       130, exit_now=os._exit)
+
+
 def advice(error: UserError) -> str:
   """The error's one line, with a config field's fix in flag syntax."""
   if isinstance(error, ConfigError):
@@ -156,29 +168,29 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
-def _stop_for_lost_peer(workdir: str) -> None:
+def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
   """Ends a process whose peer is gone at once: JAX's own exit would wait for it, then abort."""
-  from trainer import lost_peers  # pylint: disable=g-import-not-at-top
+  from trainer import processes  # pylint: disable=g-import-not-at-top
   sys.stdout.flush()
-  fail(lost_peers.message(workdir, this_command()), 1, exit_now=os._exit)
+  fail(processes.message(run_dir, this_command()), 1, exit_now=os._exit)
 
 
-def prepare(config: ml_collections.ConfigDict, workdir: str) -> Callable[[str], None]:
+def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Callable[[str], None]:
   """Checks the config, joins the other processes and sets up the compilation cache, before any
   computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
   # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
-  from trainer import compile_cache, config_checks, lost_peers, processes, reporting
+  from trainer import compile_cache, config_rules, processes, reporting
   try:
-    config_checks.validate(config)
-    joined = processes.join(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                            detect=_DISTRIBUTED.value, initialization_timeout=_INIT_TIMEOUT.value,
-                            # From a watchdog thread, where sys.exit would end only the thread.
-                            give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    config_rules.validate(config)
+    launch = processes.Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                              _DISTRIBUTED.value, _INIT_TIMEOUT.value)
+    # From a watchdog thread, where sys.exit would end only the thread.
+    joined = processes.join(launch, give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
     fail(advice(error), 1)
   if joined:
     processes.mute_native_stdout()
-    lost_peers.start_relay(workdir, this_command())
+    processes.start_relay(run_dir, this_command())
   warn = functools.partial(reporting.warn, enabled=processes.is_primary())
   compile_cache.enable(_COMPILATION_CACHE.value, warn)
   return warn
@@ -186,37 +198,48 @@ def prepare(config: ml_collections.ConfigDict, workdir: str) -> Callable[[str], 
 
 def main(argv: list[str]) -> None:
   del argv
-  config, workdir = _CONFIG.value, _WORKDIR.value or default_workdir()
+  config = _CONFIG.value
   if _PRINT_CONFIG.value:
     from trainer import reporting  # pylint: disable=g-import-not-at-top
     reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
     return
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')
-  warn = prepare(config, workdir)
+  from trainer.run_dir import RunDirectory  # pylint: disable=g-import-not-at-top
+  run_dir = RunDirectory(_WORKDIR.value or default_workdir())  # The one place --workdir is read.
+  warn = prepare(config, run_dir)
   # pylint: disable=g-import-not-at-top
-  from trainer import compile_cache, evaluation, lost_peers, loop, preemption
-  # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume.
-  with preemption.StopRequest() as stop_request, compile_cache.one_warning(warn):
-    try:
-      if config.eval_only:
-        evaluation.evaluate_checkpoint(config, workdir)
-      else:
-        loop.train_and_evaluate(config, workdir, should_stop=stop_request,
-                                lock_stale_after=_LOCK_STALE_AFTER.value)
-    except UserError as error:
-      fail(advice(error), 1)
-    except preemption.Preempted as stopped:
-      print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
-      sys.exit(stopped.exit_status)
-    except KeyboardInterrupt:  # Ctrl-C twice: no wait for the epoch boundary.
-      fail('interrupted before the next checkpoint; resume from the newest one with: '
-           f'{this_command()}', 130)
-    except Exception as error:  # pylint: disable=broad-except; only a lost process is handled
-      if not lost_peers.lost_a_peer(error):
-        raise
-      _stop_for_lost_peer(workdir)
+  from trainer import compile_cache, loop
+  # SIGTERM / SIGINT: finish the epoch, save it, then stop with the command to resume; a second
+  # Ctrl-C is interrupted().
+  stop_request = loop.StopRequest(interrupt=interrupted)
+  try:
+    with stop_request, compile_cache.one_warning(warn):
+      _run(config, run_dir, stop_request)
+  finally:
+    if stop_request.signal_name:  # Its line is out: a Ctrl-C while Python exits ends it silently.
+      signal.signal(signal.SIGINT, lambda *_: os._exit(130))
 
+
+def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',
+         stop_request: Callable[[], str | None]) -> None:
+  """Trains or evaluates; a user's mistake, a signal's stop or a lost peer ends in one line."""
+  from trainer import evaluation, loop, processes  # pylint: disable=g-import-not-at-top
+  try:
+    if config.eval_only:
+      evaluation.evaluate_checkpoint(config, run_dir)
+    else:
+      loop.train_and_evaluate(config, run_dir, should_stop=stop_request,
+                              lock_stale_after=_LOCK_STALE_AFTER.value)
+  except UserError as error:
+    fail(advice(error), 1)
+  except loop.Preempted as stopped:
+    print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
+    sys.exit(stopped.exit_status)
+  except Exception as error:  # pylint: disable=broad-except; only a lost process is handled
+    if not processes.lost_a_peer(error):
+      raise
+    _stop_for_lost_peer(run_dir)
 
 if __name__ == '__main__':
   app.run(main, flags_parser=parse_flags)

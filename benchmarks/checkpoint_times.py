@@ -1,15 +1,23 @@
 """Checkpoint costs, side by side in one process: save, restore, fingerprint, and epochs with and without saves.
+Then the save cadence, as real runs of train.py.
 
-  python -m benchmarks.checkpoint_times [--data_dir=data/mnist] [--repeats=10]
+  python -m benchmarks.checkpoint_times [--data_dir=data/mnist] [--repeats=10] [--launches=5]
+      [--min_seconds=0.5,2] [--part=all|costs|cadence]
 
 Trains the default config (784-512-512-10, AdamW: an 8 MB state) on the first 8,000 real test
 images. Times are medians over --repeats; the epoch comparison alternates blocks of plain epochs
 and epochs each followed by a save (timed until the last write is on disk), so both see the same
-machine load.
+machine load. The cadence comparison launches train.py (the default config, 40 epochs of 2,048
+images) with the default cadence, saving once (at the end) and saving every epoch, plus any
+--min_seconds, in turn --launches times, and shows each one's time from launch to exit (median and
+fastest: on a shared machine the fastest is the least disturbed) and its CPU time (user + system).
 """
 
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -23,10 +31,18 @@ from data.mnist import load_split
 from errors import UserError, fail
 from mlp import batches, steps
 from trainer import checkpoints as checkpoint
-from trainer.run_setup import state_template
+from trainer.run_dir import RunDirectory
+from trainer.run import state_template
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
+LAUNCHES = flags.DEFINE_integer('launches', 5, 'train.py runs per cadence (the median is shown).',
+                                lower_bound=1)
+MIN_SECONDS = flags.DEFINE_list('min_seconds', [], 'Further checkpoint_min_seconds to time.')
+PART = flags.DEFINE_enum('part', 'all', ['all', 'costs', 'cadence'], 'What to measure.')
 BLOCK = 3  # Epochs per block of the with/without-saves comparison.
+# The cadence runs: the default config, fast epochs (a saving every epoch costs the most).
+CADENCE_RUN = ('--config=configs/default.py', '--config.num_epochs=40',
+               '--config.data.train_split=train[:2048]')
 
 
 def _ms(seconds: list[float]) -> str:
@@ -40,7 +56,11 @@ def _folder_bytes(folder: str) -> int:
 def main(argv: list[str]) -> None:
   del argv
   try:
-    measure(workload.check_data_dir(without=None))
+    data_dir = workload.check_data_dir(without=None)
+    if PART.value != 'cadence':
+      measure(data_dir)
+    if PART.value != 'costs':
+      print_cadences(data_dir)
   except UserError as error:
     fail(str(error), 1)
 
@@ -64,7 +84,7 @@ def time_saves(checkpoints: checkpoint.Checkpoints,
   for _ in range(REPEATS.value):
     training.epoch += 1
     start = time.perf_counter()
-    checkpoints.save(training.epoch, training.trainer.state, training.trainer.run_key)
+    checkpoints.save(training.epoch, training.trainer.state, force=True)
     pauses.append(time.perf_counter() - start)
     checkpoints.wait()
     whole_saves.append(time.perf_counter() - start)
@@ -83,7 +103,7 @@ def time_epochs(checkpoints: checkpoint.Checkpoints,
     start = time.perf_counter()
     for _ in range(BLOCK):
       training.train()
-      checkpoints.save(training.epoch, training.trainer.state, training.trainer.run_key)
+      checkpoints.save(training.epoch, training.trainer.state, force=True)
     checkpoints.wait()
     saving.append((time.perf_counter() - start) / BLOCK)
   return plain, saving
@@ -118,7 +138,7 @@ def measure(data_dir: str) -> None:
   template = state_template(config, training.trainer.mesh,
                             batches.whole_batches(len(examples), config.batch_size))
   with tempfile.TemporaryDirectory() as workdir:
-    with checkpoint.Checkpoints(workdir, config) as checkpoints:
+    with checkpoint.Checkpoints(RunDirectory(workdir), config) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)
       plain, saving = time_epochs(checkpoints, training)
       restores, fingerprints, epoch = time_restores(checkpoints, template,
@@ -127,13 +147,68 @@ def measure(data_dir: str) -> None:
 
   print(f'{jax.device_count()} {jax.default_backend()} device(s); state {size / 2**20:.1f} MiB on '
         f'disk; medians of {REPEATS.value}')
-  print(f'save, training held up (fingerprint, copy to host, orbax start): {_ms(pauses)}')
+  print(f'save, training held up (copy to host, orbax start):            {_ms(pauses)}')
   print(f'save, until complete on disk:                                  {_ms(whole_saves)}')
   print(f'restore + verify (metadata, state, fingerprint):               {_ms(restores)}')
   print(f'  of which the fingerprint (SHA-256 of the state):             {_ms(fingerprints)}')
+  share = statistics.median(fingerprints) / statistics.median(pauses)
+  print(f'  the fingerprint, if hashed in the save pause (orbax custom_metadata): +{share:.0%}')
   ratio = statistics.median(saving) / statistics.median(plain)
   print(f'epoch time, saving after every epoch / not saving: {_ms(saving)} / {_ms(plain)} = '
         f'{ratio:.3f}')
+
+
+
+def cadences() -> dict[str, list[str]]:
+  """Each cadence to time, by name: the flags that set it."""
+  every = default.get_config().checkpoint_min_seconds
+  named = {f'default cadence (checkpoint_min_seconds={every:g})': [],
+           'saving once (checkpoint_every_epochs=1000)': ['--config.checkpoint_every_epochs=1000'],
+           'every epoch (checkpoint_min_seconds=0)': ['--config.checkpoint_min_seconds=0']}
+  for seconds in MIN_SECONDS.value:
+    named[f'checkpoint_min_seconds={seconds}'] = [f'--config.checkpoint_min_seconds={seconds}']
+  return named
+
+
+def _cpu_seconds() -> float:
+  """User and system seconds of the ended child processes so far."""
+  used = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return used.ru_utime + used.ru_stime
+
+
+def time_cadences(data_dir: str) -> dict[str, list[tuple[float, float]]]:
+  """(Seconds from launch to exit, CPU seconds) of each train.py run per cadence; each round
+  launches every one, in an order that turns, so all see the same machine load."""
+  named = cadences()
+  seconds: dict[str, list[tuple[float, float]]] = {name: [] for name in named}
+  with tempfile.TemporaryDirectory() as root:
+    for launch in range(LAUNCHES.value + 1):  # The first round fills the compilation cache.
+      order = list(named)[launch % len(named):] + list(named)[:launch % len(named)]
+      for number, name in enumerate(order):
+        command = [sys.executable, 'train.py', *CADENCE_RUN, f'--config.data.dir={data_dir}',
+                   *named[name], f'--workdir={os.path.join(root, f"{launch}-{number}")}']
+        start, cpu = time.perf_counter(), _cpu_seconds()
+        done = subprocess.run(command, cwd=workload.ROOT, capture_output=True, text=True)
+        if done.returncode:
+          raise UserError(f'train.py failed ({name}): {done.stderr.strip()[-300:]}')
+        if launch:
+          seconds[name].append((time.perf_counter() - start, _cpu_seconds() - cpu))
+  return seconds
+
+
+def print_cadences(data_dir: str) -> None:
+  """The cadence table: each one's launch-to-exit and CPU seconds, and ratios to saving once."""
+  runs = time_cadences(data_dir)
+  figures = {name: (statistics.median(w for w, _ in times), min(w for w, _ in times),
+                    statistics.median(c for _, c in times)) for name, times in runs.items()}
+  once = next(value for name, value in figures.items() if 'once' in name)
+  print(f'train.py {" ".join(CADENCE_RUN[1:])}, {LAUNCHES.value} launches each, in turn; seconds '
+        '(and ratio to saving once):')
+  print(f'  {"":48s} {"launch to exit, median":>24s} {"fastest":>16s} {"CPU, median":>16s}')
+  for name, value in figures.items():
+    cells = ''.join(f'{v:8.2f} ({v / o:5.3f}x)' for v, o in zip(value, once))
+    print(f'  {name:48s}        {cells}')
+    print(f'  {"":48s} each: {", ".join(f"{w:.2f}" for w, _ in runs[name])}')
 
 
 if __name__ == '__main__':

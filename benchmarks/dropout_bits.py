@@ -23,7 +23,7 @@ from benchmarks import workload
 from configs import default
 from data.mnist import Examples
 from mlp.model import MLP
-from trainer import devices
+from trainer import run as devices
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each variant.', lower_bound=1)
 BYTES, THREEFRY, RBG = ('model dropout (bytes, a word per 4 units)',

@@ -28,7 +28,9 @@ _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the kill times.')
 EPOCHS = 12
 OVERRIDES = {'data.source': 'idx', 'data.train_split': 'train[:4096]',
              'data.eval_split': 'test[:2000]', 'num_epochs': EPOCHS,
-             'model.hidden_sizes': '(64, 64)', 'max_checkpoints_to_keep': 2}
+             'model.hidden_sizes': '(64, 64)', 'max_checkpoints_to_keep': 2,
+             # Every epoch saved, so that kills land in saves: what the trials are after.
+             'checkpoint_min_seconds': 0}
 
 
 def _command(workdir: pathlib.Path) -> list[str]:

@@ -16,7 +16,7 @@ from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
 from errors import UserError, fail
 from mlp import steps
-from trainer.run_setup import place, set_up_run
+from trainer.run import compile_epochs, place
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ class TrainerRun:
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                state: steps.TrainState | None = None):
     """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
-    self._run, self._state = set_up_run(config, place(config), examples, examples, state)
+    self._run, self._state = compile_epochs(config, place(config), examples, examples, state)
     # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
     # start from it to train exactly what the trainer trains.
     self.start_state: steps.TrainState = jax.device_get(self._state)

@@ -71,7 +71,7 @@ def data_folder(folder: str) -> pathlib.Path:
 
 
 def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
-  """Returns split `name` whole: images uint8 [N, 28, 28], labels int32 [N]; '' reads the carried copy."""
+  """Split `name` whole: images uint8 [N, 28, 28], labels int32 [N]; '' reads the carried copy."""
   root = data_folder(folder)
   images_name, labels_name = FILES[name]
   try:

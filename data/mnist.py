@@ -13,7 +13,7 @@ SOURCES = ('idx', 'tfds')
 
 @dataclasses.dataclass(frozen=True)
 class Examples:
-  """A split in memory: images uint8 [N, 784] (raw pixels, 47 MB for all of MNIST), labels int32 [N]."""
+  """A split in memory: images uint8 [N, 784] (raw pixels, 47 MB for all of MNIST), labels int32."""
   images: np.ndarray
   labels: np.ndarray
 
@@ -22,13 +22,14 @@ class Examples:
 
 
 def load_splits(data_config: ml_collections.ConfigDict, *specs: str) -> tuple[Examples, ...]:
-  """Each split (TFDS slice syntax) from the configured source; an IDX file is read and checked once."""
+  """Each split (TFDS slice syntax) from the configured source; each IDX file read, checked once."""
   splits = [parse_split(spec) for spec in specs]
   if data_config.source == 'idx':
     whole = {name: idx.load_idx(data_config.dir, name) for name in {s.name for s in splits}}
     loaded = [tuple(array[s.start:s.stop] for array in whole[s.name]) for s in splits]
   else:
-    from data import tfds_source  # pylint: disable=g-import-not-at-top; keeps TensorFlow off the idx path
+    # pylint: disable-next=g-import-not-at-top; keeps TensorFlow off the idx path
+    from data import tfds_source
     # The parsed range, written the way TFDS's own parser accepts it.
     loaded = [tfds_source.load_tfds(f'{s.name}[{s.start}:{s.stop}]', manual_dir=data_config.dir,
                                     data_dir=data_config.get('tfds_data_dir', '')) for s in splits]

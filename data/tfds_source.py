@@ -57,9 +57,9 @@ def load_tfds(split: str, manual_dir: str = '',
               data_dir: str = '') -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, 28, 28], labels int32 [N]) of a split that TFDS prepares from manual_dir."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, only for this source
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
 
-  with _quiet_absl():  # TFDS warns of a "variant folder" it only looked for; our line says what to do.
+  with _quiet_absl():  # TFDS warns of a "variant folder" it only looked for; our line says the fix.
     builder = tfds.builder('mnist', data_dir=data_dir or None)
     prepared = builder.is_prepared()
   if not prepared:

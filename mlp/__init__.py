@@ -1,1 +1,1 @@
-"""The pure learning code: the MLP, its optimizer, the step and epoch functions, on-device batches."""
+"""The pure learning code: the MLP, its optimizer, the step and epoch functions, device batches."""

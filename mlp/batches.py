@@ -1,4 +1,4 @@
-"""The on-device input pipeline: each epoch's order, each device's share of it, and batch gathering."""
+"""The on-device input pipeline: each epoch's order, each device's share of it, batch gathering."""
 
 from typing import Callable
 
@@ -11,7 +11,7 @@ PIXEL_MEAN, PIXEL_STD = 0.1307, 0.3081
 
 
 def epoch_permutation(seed_key: jax.Array, epoch: jax.Array, num_examples: int) -> jax.Array:
-  """The training order of one epoch: a function of (seed, epoch) only, so any epoch replays exactly."""
+  """One epoch's training order: a function of (seed, epoch) only, so any epoch replays exactly."""
   return jax.random.permutation(jax.random.fold_in(seed_key, epoch), num_examples)
 
 
@@ -35,7 +35,7 @@ def shard_steps(order: jax.Array, batch_size: int, num_shards: int,
 
 def eval_steps(num_examples: int, batch_size: int, num_shards: int,
                shard: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Indices and validity mask for scoring every example once: the last batch is padded and masked."""
+  """Indices and validity mask to score every example once: the last batch padded and masked."""
   steps = -(-num_examples // batch_size)
   positions = jnp.arange(steps * batch_size)
   mask = positions < num_examples

@@ -1,4 +1,6 @@
-"""A whole epoch as one compiled program: `lax.scan` of the step over batches gathered on the device."""
+"""A whole epoch as one compiled program: `lax.scan` of the step over batches gathered on device."""
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +8,18 @@ import jax.numpy as jnp
 from mlp import augment
 from mlp import batches
 from mlp import steps
+
+
+Data = tuple[jax.Array, jax.Array]  # A split's uint8 images [N, 784] and int32 labels [N].
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochSpec:
+  """How an epoch trains, fixed when it compiles: its batches, augmentation and device axis."""
+  batch_size: int  # Global: device k of n takes piece k of every batch.
+  max_shift: int = 0  # Pixels each way; 0: off.
+  distortion: augment.Distortion = augment.Distortion()
+  axis_name: str | None = None  # The mapped axis under shard_map or pmap; None on one device.
 
 
 def _shard(axis_name: str | None) -> tuple[jax.Array, int]:
@@ -20,16 +34,17 @@ def _total(sums: steps.Metrics, axis_name: str | None) -> steps.Metrics:
   return jax.lax.psum(sums, axis_name) if axis_name is not None else sums
 
 
-def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, *, batch_size: int,
-               num_shards: int = 1, shard: jax.Array | int = 0) -> tuple[jax.Array, jax.Array]:
-  """All of an epoch's randomness, (this shard's example indices per step, dropout key), from the seed.
+def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, batch_size: int,
+               shard: tuple[jax.Array | int, int] = (0, 1)) -> tuple[jax.Array, jax.Array]:
+  """An epoch's randomness, (this shard's example indices per step, dropout key), from the seed.
 
-  Any loop that follows the plan with `train_batch` trains exactly as `train_epoch` does.
+  `shard` is (this shard, the number of shards). Any loop that follows the plan with `train_batch`
+  trains exactly as `train_epoch` does.
   """
   order_key = jax.random.fold_in(seed_key, augment.ORDER)
   dropout_key = jax.random.fold_in(seed_key, augment.DROPOUT)
   order = batches.epoch_permutation(order_key, epoch, num_examples)
-  return batches.shard_steps(order, batch_size, num_shards, shard), dropout_key
+  return batches.shard_steps(order, batch_size, shard[1], shard[0]), dropout_key
 
 
 def dropout_keys(dropout_key: jax.Array, step: jax.Array | int, indices: jax.Array) -> jax.Array:
@@ -47,31 +62,30 @@ def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
   return steps.train_step(state, batch, dropout_keys(dropout_key, state.step, indices), axis_name)
 
 
-def train_epoch(state: steps.TrainState, images: jax.Array, labels: jax.Array, seed_key: jax.Array,
-                epoch: jax.Array, *, batch_size: int, max_shift: int = 0,
-                distortion: augment.Distortion = augment.Distortion(),
-                axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
+def train_epoch(state: steps.TrainState, data: Data, seed_key: jax.Array, epoch: jax.Array,
+                spec: EpochSpec) -> tuple[steps.TrainState, steps.Metrics]:
   """Trains on one epoch of the resident data; returns the new state and the epoch's metric sums.
 
-  Per device: with `axis_name` (under shard_map or pmap), device k of n takes piece k of every
+  Per device: with `spec.axis_name` (under shard_map or pmap), device k of n takes piece k of every
   global batch, gradients are averaged and metric sums added over the axis.
   """
-  shard, num_shards = _shard(axis_name)
-  step_indices, dropout_key = epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size,
-                                         num_shards=num_shards, shard=shard)
+  images, labels = data
+  step_indices, dropout_key = epoch_plan(seed_key, epoch, images.shape[0], spec.batch_size,
+                                         _shard(spec.axis_name))
 
   def body(state, indices):
-    augmented = augment.augmenter(seed_key, epoch, indices, max_shift, distortion)
+    augmented = augment.augmenter(seed_key, epoch, indices, spec.max_shift, spec.distortion)
     batch = batches.gather(images, labels, indices, augmented)
-    return train_batch(state, batch, indices, dropout_key, axis_name)
+    return train_batch(state, batch, indices, dropout_key, spec.axis_name)
 
   state, sums = jax.lax.scan(body, state, step_indices)
-  return state, _total(sums, axis_name)
+  return state, _total(sums, spec.axis_name)
 
 
-def evaluate(state: steps.TrainState, images: jax.Array, labels: jax.Array, *, batch_size: int,
+def evaluate(state: steps.TrainState, data: Data, *, batch_size: int,
              axis_name: str | None = None) -> steps.Metrics:
   """Scores every example exactly once (the last batch padded and masked); returns metric sums."""
+  images, labels = data
   shard, num_shards = _shard(axis_name)
   indices, masks = batches.eval_steps(images.shape[0], batch_size, num_shards, shard)
 

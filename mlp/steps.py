@@ -2,21 +2,14 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax.training import train_state
 
 from mlp.model import MLP
-from mlp.optim import make_optimizer
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 TrainState = train_state.TrainState
-
-
-def create_model(config: ml_collections.ConfigDict) -> MLP:
-  return MLP(hidden_sizes=tuple(config.model.hidden_sizes), dropout_rate=config.model.dropout_rate,
-             dtype=config.dtype)
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -25,13 +18,10 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
   return init_key, run_key
 
 
-def create_train_state(config: ml_collections.ConfigDict, rng: jax.Array,
-                       steps_per_epoch: int) -> TrainState:
-  """Initial parameters and optimizer state for the config's model and optimizer."""
-  model = create_model(config)
+def create_train_state(model: MLP, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  """Initial parameters from `rng`, and the optimizer's state for them: step 0 of a run."""
   params = model.init(rng, jnp.zeros((1, 784), jnp.float32))['params']
-  return TrainState.create(apply_fn=model.apply, params=params,
-                           tx=make_optimizer(config, steps_per_epoch))
+  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
 
 
 def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> Metrics:

@@ -15,32 +15,38 @@ import time
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 
+from mlp import steps
 from trainer import checkpoints as checkpoint
-from trainer import config_checks
+from trainer import config_rules
 from trainer import evaluation, loop
-from trainer.run_setup import make_mesh, state_template
+from trainer.run import place, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
-from trainer.preemption import Preempted, StopRequest
+from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from trainer.storage import RunDirectory
+from trainer.run_dir import RunDirectory
 from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
                             without_timings)
 
 CONFIG = '--config=configs/default.py'
+# A checkpoint every epoch, however little time has passed since the last: these runs check what
+# each epoch's checkpoint holds (the default's minimum interval would pass over some of their fast
+# epochs; the cadence has tests of its own).
+EVERY_EPOCH = dict(checkpoint_min_seconds=0)
 # In-process runs: 2,000 training images, 3 epochs; dropout stays on, so its keys must resume too.
-SMALL = dict(num_epochs=3, data__train_split='train[:2000]')
+SMALL = dict(num_epochs=3, data__train_split='train[:2000]', **EVERY_EPOCH)
 # Runs that get a signal: 8,000 images, so an epoch lasts long enough to be caught in the middle.
-LONG = dict(num_epochs=4)
+LONG = dict(num_epochs=4, **EVERY_EPOCH)
 
 
 def run_dir(tmp_path_factory, name: str, **overrides) -> str:
   """An uninterrupted run of the overrides' config, the reference the other runs must match."""
   workdir = tmp_path_factory.mktemp(name)
-  loop.train_and_evaluate(make_config(**overrides), str(workdir))
+  loop.train_and_evaluate(make_config(**overrides), RunDirectory(workdir))
   return workdir
 
 
@@ -62,8 +68,8 @@ def small_copy(small_run, tmp_path):
 
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = state_template(config, make_mesh(config), steps_per_epoch=1)
-  with Checkpoints(str(workdir), config, read_only=True) as checkpoints:
+  template = state_template(config, place(config).mesh, steps_per_epoch=1)
+  with Checkpoints(RunDirectory(workdir), config, read_only=True) as checkpoints:
     return checkpoints.restore(template)
 
 
@@ -103,13 +109,13 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     small_run, tmp_path, capsys):
   config = make_config(**SMALL)
   with pytest.raises(Preempted) as stopped:
-    loop.train_and_evaluate(config, str(tmp_path), should_stop=stop_after(1))
+    loop.train_and_evaluate(config, RunDirectory(tmp_path), should_stop=stop_after(1))
   assert str(stopped.value) == (
       f'stopped by SIGTERM after epoch 1, whose checkpoint is saved in {tmp_path}')
   assert stopped.value.exit_status == 128 + signal.SIGTERM
   assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
 
-  loop.train_and_evaluate(config, str(tmp_path))
+  loop.train_and_evaluate(config, RunDirectory(tmp_path))
   out = capsys.readouterr().out
   assert 'resumed from epoch 1' in out and 'learning-rate schedule' not in out
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
@@ -119,7 +125,7 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
 
 def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, small_copy, capsys):
   before = snapshot(small_copy)
-  record = loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  record = loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   assert record == read_metrics(small_run)[-1]
   assert 'nothing to train' in capsys.readouterr().out
   assert {k: v for k, v in snapshot(small_copy).items() if 'tfevents' not in k} == {
@@ -128,7 +134,7 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
   # Three more epochs, a checkpoint every 2 and the last, keeping 2: saves 4 and 6, drops 1 to 3.
   more = make_config(**{**SMALL, 'num_epochs': 6}, checkpoint_every_epochs=2,
                      max_checkpoints_to_keep=2)
-  loop.train_and_evaluate(more, str(small_copy))
+  loop.train_and_evaluate(more, RunDirectory(small_copy))
   records = read_metrics(small_copy)
   assert [r['epoch'] for r in records] == [1, 2, 3, 4, 5, 6]
   assert records[:3] == read_metrics(small_run)
@@ -138,9 +144,9 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
 
 def test_more_epochs_on_a_finished_cosine_run_say_how_far_the_learning_rate_jumps(
     small_run, tmp_path, capsys):
-  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), str(tmp_path))
+  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), RunDirectory(tmp_path))
   capsys.readouterr()
-  loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))  # 3 epochs now.
+  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))  # 3 epochs now.
   line = [line for line in capsys.readouterr().out.splitlines() if line.startswith('resumed')][0]
   found = re.search(r'num_epochs 2 -> 3 stretches the learning-rate schedule: epoch 2 ended at a '
                     r'rate of (\S+), which the new schedule puts at (\S+), ', line)
@@ -155,7 +161,7 @@ def test_more_epochs_on_a_finished_cosine_run_say_how_far_the_learning_rate_jump
 
 def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):
   (small_copy / METRICS_FILE).unlink()
-  record = loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
+  record = loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
       3, final['eval_loss'], final['eval_accuracy'])
@@ -210,7 +216,7 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
     assert out.returncode == 0, out.stderr
     stdout, stderr = out.stdout, out.stderr
   else:
-    loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
     stdout, stderr = capfd.readouterr()
   warnings = stderr.strip().splitlines()
   assert len(warnings) == 1, stderr  # One line: no traceback from the failed read either.
@@ -251,7 +257,7 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   failing_state_reads(monkeypatch, 3, error)
   before = snapshot(small_copy)
   with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   message = str(stopped.value)
   assert message.startswith(f'cannot read the checkpoint of epoch 3 in {small_copy} ({reason}')
   assert 'every checkpoint was left in place' in message and '\n' not in message
@@ -265,9 +271,9 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   config = make_config(**SMALL)
   other = make_config(**SMALL, model__hidden_sizes=(64,))
   before = snapshot(small_copy)
-  with Checkpoints(str(small_copy), config, read_only=True) as checkpoints:
+  with Checkpoints(RunDirectory(small_copy), config, read_only=True) as checkpoints:
     with pytest.raises(UserError) as error:
-      checkpoints.restore(state_template(other, make_mesh(other), steps_per_epoch=1))
+      checkpoints.restore(state_template(other, place(other).mesh, steps_per_epoch=1))
   message = str(error.value)
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')
@@ -279,7 +285,7 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   partial = shutil.copytree(small_copy / '3', small_copy / '4.orbax-checkpoint-tmp')
   truncate(largest_file(partial / 'state'))
   (partial / 'state' / '_METADATA').unlink()
-  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), str(small_copy))
+  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), RunDirectory(small_copy))
   assert 'resumed from epoch 3' in capsys.readouterr().out
   assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
@@ -290,7 +296,7 @@ def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy
     truncate(largest_file(small_copy / str(epoch) / 'state'))
   before = snapshot(small_copy)
   with pytest.raises(UserError, match='no checkpoint in .* can be restored') as error:
-    loop.train_and_evaluate(make_config(**SMALL), str(small_copy))
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   assert all(f'epoch {epoch}' in str(error.value) for epoch in (1, 2, 3))
   assert snapshot(small_copy) == before
 
@@ -299,7 +305,7 @@ def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields
   before = snapshot(small_copy)
   other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd')
   with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(other, str(small_copy))
+    loop.train_and_evaluate(other, RunDirectory(small_copy))
   message = str(error.value)
   assert 'model.hidden_sizes=(512, 512)' in message and 'model.hidden_sizes=(64,)' in message
   assert "optimizer='adamw'" in message and "optimizer='sgd'" in message
@@ -311,9 +317,9 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
   # Plain SGD warming up to a learning rate far too high: finite at first, then it diverges.
   config = make_config(num_epochs=4, data__train_split='train[:2000]', model__hidden_sizes=(64,),
                        model__dropout_rate=0.0, optimizer='sgd', schedule='constant',
-                       warmup_epochs=4.0, learning_rate=4000.0)
+                       warmup_epochs=4.0, learning_rate=4000.0, **EVERY_EPOCH)
   with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(config, str(tmp_path))
+    loop.train_and_evaluate(config, RunDirectory(tmp_path))
   bad_epoch = int(re.search(r'loss is (nan|inf) in epoch (\d)', str(error.value)).group(2))
   assert bad_epoch >= 2  # Otherwise nothing good was saved before it and this proves little.
   assert f'newest checkpoint: epoch {bad_epoch - 1}' in str(error.value)
@@ -326,7 +332,7 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
 
 def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, small_copy, tmp_path):
   before = snapshot(small_copy)
-  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), str(small_copy))
+  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
       3, final['eval_loss'], final['eval_accuracy'])
@@ -338,12 +344,12 @@ def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, smal
   assert {k: v for k, v in snapshot(small_copy).items() if k not in written} == before
 
   other_split = evaluation.evaluate_checkpoint(
-      make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'), str(small_copy))
+      make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'), RunDirectory(small_copy))
   assert other_split['eval_split'] == 'test[:1000]'
   assert other_split['eval_accuracy'] != record['eval_accuracy']
 
   with pytest.raises(UserError, match='no checkpoint in .* to evaluate'):
-    evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), str(tmp_path / 'none'))
+    evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), RunDirectory(tmp_path / 'none'))
   assert not (tmp_path / 'none').exists()
 
 
@@ -426,32 +432,125 @@ def test_metrics_past_the_restored_epoch_and_torn_lines_are_dropped(tmp_path):
 @pytest.mark.parametrize('name', ['checkpoint_every_epochs', 'max_checkpoints_to_keep'])
 def test_checkpoint_settings_must_be_positive(name):
   with pytest.raises(UserError, match=f'{name} must be a positive integer, got 0'):
-    config_checks.validate(make_config(**{name: 0}))
+    config_rules.validate(make_config(**{name: 0}))
+
+
+def test_the_minimum_interval_must_be_a_number_of_seconds_and_may_change_on_resume():
+  with pytest.raises(UserError,
+                     match='checkpoint_min_seconds must be a finite number >= 0, got -1'):
+    config_rules.validate(make_config(checkpoint_min_seconds=-1))
+  saved = config_rules.flat_config(make_config())
+  del saved['checkpoint_min_seconds']  # A checkpoint from before the field.
+  assert config_rules.config_mismatches(saved, config_rules.flat_config(
+      make_config(checkpoint_min_seconds=60))) == []
+
+
+def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_one(small_run,
+                                                                                 tmp_path):
+  """An hour between saves: after the first, only the last epoch and a signalled one are saved."""
+  config = make_config(**{**SMALL, 'checkpoint_min_seconds': 3600})
+  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'straight'))
+  assert saved_epochs(tmp_path / 'straight') == [1, 3]
+  with pytest.raises(Preempted):
+    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), should_stop=stop_after(2))
+  assert saved_epochs(tmp_path / 'stopped') == [1, 2]
+  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'))
+  assert saved_epochs(tmp_path / 'stopped') == [1, 2, 3]
+  for run in ('straight', 'stopped'):  # Which epochs are saved never changes the numbers.
+    assert without_timings(read_metrics(tmp_path / run)) == without_timings(read_metrics(small_run))
+    assert_same_params(tmp_path / run, small_run, config)
+
+
+def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_aside(tmp_path):
+  config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
+  template = state_template(config, place(config).mesh, steps_per_epoch=1)
+  state = jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
+                       template)
+  with Checkpoints(RunDirectory(tmp_path), config) as checkpoints:
+    for epoch in (1, 2, 3):
+      checkpoints.save(epoch, state, force=True)
+  assert saved_epochs(tmp_path) == [2, 3]  # Deleted in the background, done once closed.
+  with Checkpoints(RunDirectory(tmp_path), config) as checkpoints:
+    assert checkpoints.set_aside([3]) == [str(tmp_path / f'{DAMAGED_PREFIX}3')]
+    for epoch in (3, 4):  # Its epoch can be saved again.
+      checkpoints.save(epoch, state, force=True)
+  assert saved_epochs(tmp_path) == [3, 4] and (tmp_path / f'{DAMAGED_PREFIX}3').is_dir()
+
+
+def save_the_old_way(workdir, epoch: int, state, rng_data, config) -> None:
+  """A checkpoint as the code before checkpoint_min_seconds wrote it, through orbax's stock
+  handlers: the state with the run key's data, and JSON of the epoch, config and fingerprint."""
+  flat = config_rules.flat_config(config)
+  del flat['checkpoint_min_seconds']  # Older configs lack it.
+  tree = checkpoint.saved_tree(state, rng_data)
+  fields = {'epoch': epoch, 'config': flat, 'fingerprint': checkpoint.fingerprint(
+      jax.device_get(tree))}
+  manager = ocp.CheckpointManager(workdir, item_names=(checkpoint.STATE, checkpoint.META))
+  manager.save(epoch, args=ocp.args.Composite(**{checkpoint.STATE: ocp.args.PyTreeSave(tree),
+                                                 checkpoint.META: ocp.args.JsonSave(fields)}))
+  manager.close()
+
+
+def test_a_checkpoint_saved_the_old_way_restores_bit_exactly_and_resumes_exactly(small_run,
+                                                                                 small_copy):
+  config = make_config(**SMALL)
+  shutil.rmtree(small_copy / '3')
+  saved = restore(small_copy, config)
+  assert saved.epoch == 2
+  shutil.rmtree(small_copy / '2')
+  save_the_old_way(small_copy, 2, saved.state,
+                   jax.random.key_data(steps.run_keys(config.seed)[1]), config)
+  again = restore(small_copy, config)
+  assert again.epoch == 2 and 'checkpoint_min_seconds' not in again.config
+  assert evaluation.restore_run(RunDirectory(small_copy))[1].epoch == 2  # Under its own config.
+  leaves, expected = jax.tree.leaves(again.state), jax.tree.leaves(saved.state)
+  assert len(leaves) == len(expected) > 0
+  assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(leaves, expected))
+  loop.train_and_evaluate(config, RunDirectory(small_copy))  # Epoch 3 again, from it.
+  assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
+  assert_same_params(small_copy, small_run, config)
+
+
+def test_an_intact_checkpoint_whose_run_key_is_not_the_seeds_is_refused_and_moves_nothing(
+    small_copy):
+  """What code that derives its run key otherwise saves: its data order and dropout are others."""
+  config = make_config(**SMALL)
+  newest = restore(small_copy, config)
+  shutil.rmtree(small_copy / '3')
+  save_the_old_way(small_copy, 3, newest.state,
+                   jax.random.key_data(steps.run_keys(config.seed + 1)[1]), config)
+  before = snapshot(small_copy)
+  with pytest.raises(UserError) as error:
+    loop.train_and_evaluate(config, RunDirectory(small_copy))
+  message = str(error.value)
+  assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds the run key [')
+  assert f'but seed {config.seed} gives this code [' in message and '--workdir' in message
+  assert '\n' not in message and snapshot(small_copy) == before
 
 
 def test_a_finished_run_rerun_on_another_eval_split_reports_that_split(small_run, small_copy):
   other = make_config(**SMALL, data__eval_split='test[6000:8000]')
-  record = loop.train_and_evaluate(other, str(small_copy))
+  record = loop.train_and_evaluate(other, RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert record['train_loss'] == final['train_loss']  # Training figures as recorded...
   assert record['eval_loss'] != final['eval_loss']  # ...evaluation of the split asked for now.
   reference = evaluation.evaluate_checkpoint(make_config(**SMALL, data__eval_split='test[6000:8000]',
-                                                      eval_only=True), str(small_copy))
+                                                      eval_only=True), RunDirectory(small_copy))
   assert (record['eval_loss'], record['eval_accuracy']) == (reference['eval_loss'],
                                                             reference['eval_accuracy'])
 
 
 def test_the_data_source_may_not_change_on_resume_but_its_folder_may():
-  saved = checkpoint.flat_config(make_config())
-  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
+  saved = config_rules.flat_config(make_config())
+  assert config_rules.config_mismatches(saved, config_rules.flat_config(
       make_config(data__source='tfds'))) == ['data.source']
-  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
+  assert config_rules.config_mismatches(saved, config_rules.flat_config(
       make_config(data__dir='/elsewhere', num_epochs=40))) == []
 
 
 # A 64x64 model: each checkpoint is about 0.7 MB, so a 2 MB disk holds two and fails on the third.
 TINY_DISK_RUN = dict(num_epochs=4, model__hidden_sizes=(64, 64), data__train_split='train[:2000]',
-                     max_checkpoints_to_keep=3)
+                     max_checkpoints_to_keep=3, **EVERY_EPOCH)
 
 
 @pytest.fixture
@@ -469,7 +568,7 @@ def tiny_disk(tmp_path):
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tiny_disk, tmp_path):
   reference = tmp_path / 'reference'
-  loop.train_and_evaluate(make_config(**TINY_DISK_RUN), str(reference))
+  loop.train_and_evaluate(make_config(**TINY_DISK_RUN), RunDirectory(reference))
   workdir = tiny_disk / 'run'
   out = run_train(CONFIG, f'--workdir={workdir}', *override_flags(**TINY_DISK_RUN))
   assert out.returncode == 1
@@ -516,8 +615,8 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   """
   saved, save = [], checkpoint.Checkpoints.save
 
-  def counted_save(self, epoch, *args):
-    save(self, epoch, *args)
+  def counted_save(self, epoch, *args, **kwargs):
+    save(self, epoch, *args, **kwargs)
     saved.append(epoch)
 
   def failing_wait(manager):
@@ -528,12 +627,12 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   monkeypatch.setattr(checkpoint.Checkpoints, 'save', counted_save)
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'wait_until_finished', failing_wait)
   with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
   assert str(error.value).startswith(f'cannot write {tmp_path} (No space left on device);')
   assert saved == [1, 2]  # The run stopped in epoch 3: no further save was started.
   assert [r['epoch'] for r in read_metrics(tmp_path)] in ([1, 2], [1, 2, 3])
   monkeypatch.undo()
-  loop.train_and_evaluate(make_config(**SMALL), str(tmp_path))
+  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
@@ -550,7 +649,7 @@ def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_t
 
   monkeypatch.setattr(epath.gpath.PosixGPath, 'write_text', full_disk)
   with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(make_config(**SMALL), str(tmp_path), should_stop=stop_after(2))
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
   assert str(error.value) == (
       f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write {tmp_path} '
       '(No space left on device); free space or restore access there, then rerun the same command '
@@ -564,7 +663,7 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   unraisable = []
   monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
   array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
-  checkpoints = Checkpoints(str(tmp_path / 'run'), make_config())
+  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config())
   loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
   def shown(message: str, exception: Exception) -> list[bool]:
@@ -601,28 +700,28 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
 @pytest.mark.slow
 def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
   config = make_config(**{**SMALL, 'num_epochs': 2}, dtype='bfloat16')
-  loop.train_and_evaluate(config, str(tmp_path / 'straight'))
+  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'straight'))
   with pytest.raises(Preempted):
-    loop.train_and_evaluate(config, str(tmp_path / 'stopped'), should_stop=stop_after(1))
+    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), should_stop=stop_after(1))
   with pytest.raises(UserError, match="saved with dtype='bfloat16', but this run has "
                                       "dtype='float32'"):
-    loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), str(tmp_path / 'stopped'))
-  loop.train_and_evaluate(config, str(tmp_path / 'stopped'))
+    loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), RunDirectory(tmp_path / 'stopped'))
+  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'))
   assert without_timings(read_metrics(tmp_path / 'stopped')) == without_timings(
       read_metrics(tmp_path / 'straight'))
   assert_same_params(tmp_path / 'stopped', tmp_path / 'straight', config)
 
 
-@pytest.mark.parametrize('field', sorted(checkpoint.DEFAULTS_OF_NEWER_FIELDS))
+@pytest.mark.parametrize('field', sorted(config_rules.DEFAULTS_OF_NEWER_FIELDS))
 def test_checkpoints_from_before_a_newer_field_count_as_the_default_configs_value(field):
   """Also keeps the two places that spell these defaults (configs/default.py, the code) in step."""
-  saved = checkpoint.flat_config(make_config())
+  saved = config_rules.flat_config(make_config())
   del saved[field]
-  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(make_config())) == []
+  assert config_rules.config_mismatches(saved, config_rules.flat_config(make_config())) == []
 
 
 def test_checkpoints_from_before_the_dtype_field_count_as_float32():
-  saved = checkpoint.flat_config(make_config())
+  saved = config_rules.flat_config(make_config())
   del saved['dtype']
-  assert checkpoint.config_mismatches(saved, checkpoint.flat_config(
+  assert config_rules.config_mismatches(saved, config_rules.flat_config(
       make_config(dtype='bfloat16'))) == ['dtype']

@@ -2,8 +2,10 @@
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import ml_collections
 import pytest
@@ -13,8 +15,9 @@ import train
 from errors import UserError
 from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
                             run_train)
-from trainer import checkpoints, config_checks
+from trainer import config_rules
 from trainer import loop
+from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
 
@@ -103,7 +106,7 @@ def load_config(path) -> ml_collections.ConfigDict:
                          ids=lambda path: path.name)
 def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
   config = load_config(config_file)
-  config_checks.validate(config)
+  config_rules.validate(config)
   assert config_flag_names(config) == config_flag_names(make_config())  # No field of its own.
 
 
@@ -115,7 +118,7 @@ def config_flag_names(config) -> list[str]:
 def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
   overrides, field, value, fix = BAD_CONFIGS[case]
   with pytest.raises(UserError) as error:
-    config_checks.validate(make_config(**overrides))
+    config_rules.validate(make_config(**overrides))
   line = train.advice(error.value)
   assert line.startswith(f'{field} ') and f'got {value}' in line and f'pass {fix}' in line, line
   assert '\n' not in line
@@ -160,7 +163,7 @@ def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides
                   '--print_config')
   assert out.returncode == 0 and out.stderr == ''
   lines = out.stdout.splitlines()
-  assert len(lines) == len(checkpoints.flat_config(make_config()))
+  assert len(lines) == len(config_rules.flat_config(make_config()))
   assert "--config.model.hidden_sizes='(64,)'" in lines and "--config.data.dir='a b'" in lines
   assert '--config.learning_rate=0.002' in lines and "--config.data.tfds_data_dir=''" in lines
 
@@ -168,7 +171,7 @@ def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):
   corrupt = corrupt_copy(mnist_dir, tmp_path / 'corrupt')
   with pytest.raises(UserError, match='t10k-labels-idx1-ubyte.gz is not a whole gzip file'):
-    loop.train_and_evaluate(make_config(data__dir=str(corrupt)), str(tmp_path / 'run'))
+    loop.train_and_evaluate(make_config(data__dir=str(corrupt)), RunDirectory(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 
 
@@ -182,3 +185,42 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, mnist_dir):
   assert lines[0].startswith(f'error: cannot create the run directory {blocker / "run"} (')
   assert 'pass a --workdir that can be written to' in lines[0]
   assert blocker.read_text() == 'keep me'
+
+
+def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_path, mnist_dir):
+  (tmp_path / 'metrics.jsonl').mkdir()  # A folder where the run keeps its records.
+  (tmp_path / 'metrics.jsonl' / 'notes.txt').write_text('keep me')
+  with pytest.raises(UserError, match=r'cannot read \S+/metrics.jsonl \(Is a directory\); move it '
+                     'out of the run directory or restore it, then rerun the same command'):
+    loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(tmp_path))
+  assert (tmp_path / 'metrics.jsonl' / 'notes.txt').read_text() == 'keep me'
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_resumes(tmp_path,
+                                                                                      mnist_dir):
+  """The second Ctrl-C may land mid-save: raised there, it once left orbax's threads waiting and
+  the exit hung, or ended in a traceback. Three moments after the first; each rerun resumes."""
+  command = [sys.executable, 'train.py', CONFIG, f'--workdir={tmp_path}',
+             *override_flags(num_epochs=12, data__train_split='train[:2000]')]
+  for delay in (0.0, 0.03, 0.3):
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+      while not process.stdout.readline().startswith('training on '):  # Past start-up.
+        assert process.poll() is None, process.stderr.read()
+      process.stdout.readline()  # An epoch's line.
+      process.send_signal(signal.SIGINT)
+      time.sleep(delay)
+      process.send_signal(signal.SIGINT)
+      _, stderr = process.communicate(timeout=60)  # No hang.
+    # -2: the second SIGINT itself ended the process in its last moments, once Python's exit had
+    # restored the default handler: a shell reports that as 130 too.
+    assert process.returncode in (130, -signal.SIGINT), stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(('error: interrupted before the next checkpoint; resume from the '
+                                'newest one with: ', 'stopped by SIGINT after epoch ')), lines[0]
+  out = run_train(*command[2:], timeout=300)
+  assert out.returncode == 0 and out.stderr == '', out.stderr
+  assert 'resumed from epoch' in out.stdout
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, 13))

@@ -12,10 +12,13 @@ import time
 import pytest
 
 from tests.conftest import ROOT, override_flags, read_metrics, run_train, without_timings
+from tests.test_trainer import as_scalars, tensorboard_view
 
 pytestmark = pytest.mark.slow
 
-SMALL = dict(num_epochs=4, data__train_split='train[:2000]', data__eval_split='test[:500]')
+# Every epoch saved (checkpoint_min_seconds=0): the kill below counts on epoch 2's checkpoint.
+SMALL = dict(num_epochs=4, data__train_split='train[:2000]', data__eval_split='test[:500]',
+             checkpoint_min_seconds=0)
 
 
 def blob(url: str):
@@ -69,7 +72,14 @@ def test_killed_on_cloud_storage_it_resumes_exactly_and_predict_and_eval_only_re
   assert without_timings(records(workdir)) == without_timings(read_metrics(tmp_path / 'local'))
   written = names(workdir)
   assert {'mistakes.png', 'confusion.png', 'run.lock'} <= written
-  assert any(name.startswith('events.out.tfevents') for name in written)
+  read = tmp_path / 'events'  # TensorBoard's reader shows each epoch once, as in metrics.jsonl:
+  read.mkdir()  # the killed run's events object, and the resumed run's that purges its last ones.
+  for name in (n for n in written if n.startswith('events.out.tfevents')):
+    blob(f'{workdir}/{name}').download_to_filename(read / name)
+  scalars, images = tensorboard_view(read)
+  assert scalars == pytest.approx(as_scalars(records(workdir)))
+  assert {tag: [step for step, _ in drawn] for tag, drawn in images.items()} == {
+      'mistakes': [6], 'confusion': [6]}
   assert blob(f'{workdir}/run.lock').download_as_text() == ''  # Released at the end.
 
   evaluated = run_train(*args, f'--workdir={workdir}', '--config.eval_only=True')

@@ -7,7 +7,7 @@ import pytest
 
 from mlp import steps
 from mlp.model import MLP, dropout
-from mlp.optim import make_optimizer
+from trainer.run import create_state, learning
 from tests.conftest import make_config
 
 
@@ -72,7 +72,7 @@ def test_batch_metrics_on_hand_computed_logits():
 def test_train_step_lowers_the_loss_on_its_batch():
   config = make_config(model__hidden_sizes=(32,), learning_rate=1e-2, warmup_epochs=0,
                        schedule='constant')
-  state = steps.create_train_state(config, jax.random.key(0), steps_per_epoch=10)
+  state = create_state(config, jax.random.key(0), steps_per_epoch=10)
   batch = {'image': jax.random.normal(jax.random.key(1), (16, 784)),
            'label': jnp.arange(16) % 10}
   losses = []
@@ -87,7 +87,7 @@ def test_train_step_lowers_the_loss_on_its_batch():
 @pytest.mark.parametrize('name', ['sgd', 'momentum', 'adam', 'adamw'])
 def test_every_optimizer_follows_warmup_then_cosine_decay(name):
   config = make_config(optimizer=name, learning_rate=0.1, warmup_epochs=1, num_epochs=4)
-  tx = make_optimizer(config, steps_per_epoch=10)
+  tx = learning(config, steps_per_epoch=10).optimizer
   params = {'w': jnp.ones(3)}
   opt_state = tx.init(params)
   sizes = []

@@ -15,8 +15,8 @@ from errors import ConfigError, UserError
 from tests.conftest import (EVAL_COUNT, ROOT, TRAIN_COUNT, assert_same_numbers, make_config,
                             on_devices, read_metrics)
 from tests.parallel_probe import RESUMES, SETTINGS
-from trainer import config_checks
-from trainer.devices import choose_mode
+from trainer import config_rules
+from trainer.run import choose_mode
 
 
 @pytest.fixture(scope='module')
@@ -90,7 +90,7 @@ def test_a_mismatch_of_config_and_devices_names_the_field_and_a_fix(overrides, d
 
 def test_a_negative_device_count_is_refused_before_any_work():
   with pytest.raises(UserError, match='num_devices must be an integer >= 0'):
-    config_checks.validate(make_config(num_devices=-1))
+    config_rules.validate(make_config(num_devices=-1))
 
 
 @pytest.mark.slow

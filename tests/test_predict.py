@@ -12,8 +12,9 @@ from PIL import Image
 from data import digit_images
 from data.mnist import load_split
 from tests.conftest import make_config, run_train
-from trainer import checkpoints, evaluation, inference, pictures
+from trainer import checkpoints, config_rules, evaluation, pictures
 from trainer.reporting import EVAL_FILE
+from trainer.run_dir import RunDirectory
 
 SAME_COUNT, PHOTO_COUNT = 1000, 300  # Eval images saved as PNG files; of them, photographed.
 
@@ -29,7 +30,7 @@ def quick_run(tmp_path_factory, mnist_dir):
 
 def run_config(workdir):
   """The config saved with the run's checkpoints, and its eval split's images and labels."""
-  config = checkpoints.config_from_flat(checkpoints.saved_config(str(workdir)))
+  config = config_rules.config_from_flat(checkpoints.saved_config(RunDirectory(workdir)))
   return config, load_split(config.data, config.data.eval_split)
 
 
@@ -77,10 +78,10 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
 @pytest.mark.slow
 def test_eval_images_saved_as_png_get_the_trainers_own_predictions(quick_run, predicted):
   workdir, _ = quick_run
-  config, restored = inference.restore_run(str(workdir))
+  config, restored = evaluation.restore_run(RunDirectory(workdir))
   _, examples = run_config(workdir)
   # The trainer's forward pass on its own eval arrays, as its pictures and evaluation use it.
-  trainer = inference.probabilities(config, restored, examples.images).argmax(axis=1)
+  trainer = evaluation.probabilities(config, restored, examples.images).argmax(axis=1)
   assert np.array_equal(digits(predicted, 'png', SAME_COUNT), trainer[:SAME_COUNT])
   # ...which is its evaluation: the same count right as the run's last recorded epoch.
   final = json.loads((workdir / 'metrics.jsonl').read_text().splitlines()[-1])
@@ -126,7 +127,7 @@ def test_a_run_and_an_eval_only_draw_their_mistakes_and_confusion_matrix(quick_r
   copy = tmp_path / 'run'  # eval_only on a copy without the run's pictures and events.
   shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('*.png', 'events.*'))
   config.eval_only = True
-  record = evaluation.evaluate_checkpoint(config, str(copy))
+  record = evaluation.evaluate_checkpoint(config, RunDirectory(copy))
   assert_pictures(copy, wrong, config.num_epochs)
   assert {name: (copy / f'{name}.png').read_bytes() for name in drawn} == drawn
   assert [json.loads(line) for line in (copy / EVAL_FILE).read_text().splitlines()] == [record]

@@ -5,6 +5,7 @@ Each process runs train.py with its own simulated CPU device count, as a user wo
 
 import io
 import os
+import re
 import shlex
 import signal
 import socket
@@ -20,7 +21,8 @@ from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_
                             override_flags, read_metrics, run_train,
                             without_timings)
 from tests.parallel_probe import SETTINGS
-from trainer import lost_peers
+from tests.test_cloud_storage import names
+from trainer.processes import relay
 from trainer.reporting import METRICS_FILE
 
 CONFIG = '--config=configs/default.py'
@@ -32,14 +34,15 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def launch_two_processes(args: list[str], workdir_of, port: int = 0) -> list[subprocess.Popen]:
-  """train.py as processes 0 and 1 of one run, 2 simulated CPU devices each."""
+def launch_two_processes(args: list[str], workdir_of, port: int = 0,
+                         cwd=ROOT) -> list[subprocess.Popen]:
+  """train.py as processes 0 and 1 of one run, 2 simulated CPU devices each, started in `cwd`."""
   address = f'--coordinator_address=127.0.0.1:{port or free_port()}'
   env = {**os.environ, **on_devices(2)}
   return [subprocess.Popen(
-      [sys.executable, 'train.py', *args, f'--workdir={workdir_of(i)}', address,
+      [sys.executable, str(ROOT / 'train.py'), *args, f'--workdir={workdir_of(i)}', address,
        '--num_processes=2', f'--process_id={i}'],
-      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
           for i in range(2)]
 
 
@@ -185,17 +188,13 @@ def newest_checkpoint(workdir) -> int:
   return max((int(name) for name in names if name.isdigit()), default=0)
 
 
-def lost_line(workdir, survivor: int, port: int) -> str:
+def lost_line(workdir, newest: int, survivor: subprocess.Popen) -> str:
   """The one line a survivor prints: where the run resumes, and this process's own command."""
-  newest = newest_checkpoint(workdir)
   where, then = ((f'the newest checkpoint is epoch {newest}', 'resume from it') if newest else
                  ('no checkpoint was saved yet', 'start again'))
-  command = shlex.join([sys.executable, 'train.py', *ARGS, f'--workdir={workdir}',
-                        f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
-                        f'--process_id={survivor}'])
   return ('error: a process of the run was lost (it stopped, or its host or network went down); '
           f'{where} in {workdir}; to {then}, rerun the same command on every host, here: '
-          f'{command}')
+          f'{shlex.join(survivor.args)}')
 
 
 @pytest.mark.slow
@@ -206,13 +205,13 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_nev
   traceback or a stack dump), and the run, rerun after each, ends with the uninterrupted numbers."""
   for victim, moment in [(0, 'at start-up'), (1, 'in training'), (0, 'during a save'),
                          (0, 'in training')]:
-    port = free_port()
-    processes = launch_two_processes(ARGS, lambda i: tmp_path, port)
+    processes = launch_two_processes(ARGS, lambda i: tmp_path)
     killed = kill_when(processes, tmp_path, victim, moment)
     survivor = processes[1 - victim]
     _, stderr = survivor.communicate(timeout=60)
     assert survivor.returncode != 0 and time.monotonic() - killed < 30, (victim, moment)
-    assert stderr.strip().splitlines() == [lost_line(tmp_path, 1 - victim, port)], (victim, moment)
+    assert stderr.strip().splitlines() == [lost_line(tmp_path, newest_checkpoint(tmp_path),
+                                                     survivor)], (victim, moment)
     processes[victim].communicate()
 
   processes = launch_two_processes(ARGS, lambda i: tmp_path)
@@ -221,16 +220,51 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_nev
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(uninterrupted[0]))
 
 
+def complete_epochs(workdir: str) -> set[int]:
+  """Epochs whose checkpoint orbax finished: renamed from its temporary folder on a disk, marked by
+  its commit_success.txt in a bucket (which has no rename)."""
+  if workdir.startswith('gs://'):
+    return {int(name.split('/')[0]) for name in names(workdir)
+            if re.fullmatch(r'\d+/commit_success\.txt', name)}
+  return {int(name) for name in (os.listdir(workdir) if os.path.isdir(workdir) else [])
+          if name.isdigit()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('where', ['relative', 'bucket'])
+def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_or_bucket_workdir(
+    where, tmp_path, request, mnist_dir):
+  """The survivor looks for checkpoints where the run writes them: a relative --workdir in the
+  folder the run started from (named in full), a gs:// one in its bucket."""
+  named = f'{request.getfixturevalue("bucket")}/run' if where == 'bucket' else str(tmp_path / 'run')
+  settings = {**SETTINGS, 'num_epochs': 6, 'checkpoint_every_epochs': 3,
+              'data__train_split': 'train[:2048]'}
+  args = [f'--config={ROOT / "configs" / "default.py"}', *override_flags(**settings)]
+  processes = launch_two_processes(args, lambda i: 'run' if where == 'relative' else named,
+                                   cwd=tmp_path)  # Not the project's root, where the relay runs.
+  deadline = time.monotonic() + 240
+  try:  # Killed after the first checkpoint (epoch 3), before the last one starts (epoch 6).
+    while not complete_epochs(named):
+      assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
+      time.sleep(0.2)
+  finally:
+    processes[0].kill()
+  (_, _), (_, stderr) = finish(processes)
+  assert processes[1].returncode != 0
+  assert stderr.strip().splitlines() == [lost_line(named, max(complete_epochs(named)),
+                                                   processes[1])]
+
+
 def test_the_relay_says_jax_s_abort_as_the_run_s_line_and_nothing_after_it():
   out = io.BytesIO()
   lines = [b'W1123 a warning of the run\n', b'F1123 16:08:06.301057 7202 client.h:80] ' +
            errors.JAX_ABORT + b'. absl::Status: UNAVAILABLE\n', b'*** Check failure stack\n',
            b'error: a process of the run was lost (...)\n', b'Fatal Python error: Aborted\n']
-  lost_peers.relay(iter(lines), out, lambda: 'a process of the run was lost;  here:  cmd')
+  relay(iter(lines), out, lambda: 'a process of the run was lost;  here:  cmd')
   assert out.getvalue() == (b'W1123 a warning of the run\n'
                             b'error: a process of the run was lost; here: cmd\n')
   out = io.BytesIO()
-  lost_peers.relay(iter(lines[3:]), out, lambda: 'unused')  # The run said it first.
+  relay(iter(lines[3:]), out, lambda: 'unused')  # The run said it first.
   assert out.getvalue() == lines[3]
 
 

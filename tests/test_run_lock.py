@@ -13,22 +13,22 @@ import pytest
 from errors import UserError
 from tests.conftest import ROOT, override_flags, run_train
 from trainer.reporting import METRICS_FILE
-from trainer.run_lock import LOCK_FILE, RunLock
+from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock
 
-HOLD = ('import sys, time; from trainer.run_lock import RunLock\n'
-        'with RunLock(sys.argv[1], stale_after=float((sys.argv[2:] or [120])[0])):\n'
+HOLD = ('import sys, time; from trainer.run_dir import RunDirectory, RunLock\n'
+        'with RunLock(RunDirectory(sys.argv[1]), stale_after=float((sys.argv[2:] or [120])[0])):\n'
         '  print("held", flush=True); time.sleep(600)')
 
 
 def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
-  with RunLock(str(tmp_path)):
+  with RunLock(RunDirectory(tmp_path)):
     with pytest.raises(UserError) as error:
-      with RunLock(str(tmp_path)):
+      with RunLock(RunDirectory(tmp_path)):
         pass
   assert f'host {socket.gethostname()}, pid {os.getpid()}' in str(error.value)
   assert f'the run directory {tmp_path} is in use by a training run' in str(error.value)
   assert (tmp_path / LOCK_FILE).read_text() == ''  # Released on exit, naming nobody,
-  with RunLock(str(tmp_path)):  # and the next holder is welcome.
+  with RunLock(RunDirectory(tmp_path)):  # and the next holder is welcome.
     assert (tmp_path / LOCK_FILE).read_text() == (
         f'host {socket.gethostname()}, pid {os.getpid()}\n')
 
@@ -42,7 +42,7 @@ def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refuse
 
   with pytest.raises(UserError, match=f'process 0 found the run directory {tmp_path} in use by '
                                       'another training run'):
-    with RunLock(str(tmp_path), enabled=False, everyone=everyone):
+    with RunLock(RunDirectory(tmp_path), enabled=False, everyone=everyone):
       pass
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
@@ -53,12 +53,12 @@ def test_a_lock_whose_holder_was_killed_never_blocks(tmp_path):
   try:
     assert holder.stdout.readline().strip() == 'held'
     with pytest.raises(UserError, match=f'pid {holder.pid}'):
-      with RunLock(str(tmp_path)):
+      with RunLock(RunDirectory(tmp_path)):
         pass
   finally:
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-  with RunLock(str(tmp_path)):
+  with RunLock(RunDirectory(tmp_path)):
     pass
 
 
@@ -101,25 +101,25 @@ def lock_text(url: str) -> str:
 
 def test_on_cloud_storage_one_run_wins_and_the_lock_is_emptied_at_the_end(bucket):
   workdir = f'{bucket}/run'
-  with RunLock(workdir):
+  with RunLock(RunDirectory(workdir)):
     assert lock_text(workdir) == (f'host {socket.gethostname()}, pid {os.getpid()}; stale after '
                                   '120 s\n')
     with pytest.raises(UserError, match=rf'the run directory {workdir} is in use by a training '
                                         rf'run \(host {socket.gethostname()}, pid {os.getpid()}; '
                                         r'its lock was refreshed \d+ s ago'):
-      with RunLock(workdir):
+      with RunLock(RunDirectory(workdir)):
         pass
   assert lock_text(workdir) == ''  # Released, naming nobody,
-  with RunLock(workdir):  # and the next run is welcome.
+  with RunLock(RunDirectory(workdir)):  # and the next run is welcome.
     assert lock_text(workdir).startswith('host ')
 
 
 def test_on_cloud_storage_the_owner_keeps_its_lock_fresh(bucket):
   workdir = f'{bucket}/run'
-  with RunLock(workdir, stale_after=1.0):  # Refreshed every 0.25 s.
+  with RunLock(RunDirectory(workdir), stale_after=1.0):  # Refreshed every 0.25 s.
     time.sleep(1.5)
     with pytest.raises(UserError, match='is in use by a training run'):
-      with RunLock(workdir, stale_after=1.0):
+      with RunLock(RunDirectory(workdir), stale_after=1.0):
         pass
 
 
@@ -133,11 +133,11 @@ def test_on_cloud_storage_a_silent_lock_is_taken_over_saying_so(bucket):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
   with pytest.raises(UserError, match=f'pid {holder.pid}'):  # Not silent long enough yet.
-    with RunLock(workdir, stale_after=2.0):
+    with RunLock(RunDirectory(workdir), stale_after=2.0):
       pass
   time.sleep(2.0)
   warnings = []
-  with RunLock(workdir, stale_after=2.0, warn=warnings.append) as lock:
+  with RunLock(RunDirectory(workdir), stale_after=2.0, warn=warnings.append) as lock:
     lock.check()
     assert lock_text(workdir).endswith(f'pid {os.getpid()}; stale after 2 s\n')
   assert len(warnings) == 1 and f'pid {holder.pid}' in warnings[0]
@@ -146,7 +146,7 @@ def test_on_cloud_storage_a_silent_lock_is_taken_over_saying_so(bucket):
 
 def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
   workdir = f'{bucket}/run'
-  with RunLock(workdir, stale_after=0.8) as first:
+  with RunLock(RunDirectory(workdir), stale_after=0.8) as first:
     time.sleep(0.1)
     # Another run takes the lock as if this one had been silent (its generation moved on).
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
@@ -161,7 +161,7 @@ def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
 def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
   with pytest.raises(UserError, match='the bucket gs://no-such-bucket of --workdir=gs://no-such-'
                                       'bucket/run does not exist; create it'):
-    with RunLock('gs://no-such-bucket/run'):
+    with RunLock(RunDirectory('gs://no-such-bucket/run')):
       pass
 
 
@@ -173,7 +173,7 @@ def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
 def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
-  from trainer import storage  # pylint: disable=g-import-not-at-top
+  from trainer import run_dir as storage  # pylint: disable=g-import-not-at-top
   raised = getattr(exceptions, error, None) or getattr(auth, error)
   with pytest.raises(UserError, match=re.escape(expected)) as refusal:
     with storage.user_errors('gs://b/run'):
@@ -184,10 +184,10 @@ def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
 def test_on_cloud_storage_a_newcomer_waits_as_long_as_the_owner_said(bucket):
   """An owner refreshing every 25 s is not taken for dead by a run that would wait only 1 s."""
   workdir = f'{bucket}/run'
-  with RunLock(workdir, stale_after=100):
+  with RunLock(RunDirectory(workdir), stale_after=100):
     time.sleep(1.5)
     with pytest.raises(UserError, match='is taken over once silent for 100 s'):
-      with RunLock(workdir, stale_after=1):
+      with RunLock(RunDirectory(workdir), stale_after=1):
         pass
 
 
@@ -198,7 +198,7 @@ def test_on_cloud_storage_a_lock_that_cannot_be_emptied_only_warns(bucket, monke
   def cut_off(*args, **kwargs):
     raise ConnectionError('the network is gone')
 
-  with RunLock(workdir, warn=warnings.append):
+  with RunLock(RunDirectory(workdir), warn=warnings.append):
     monkeypatch.setattr(storage.Blob, 'upload_from_string', cut_off)
   assert len(warnings) == 1 and 'could not release the run lock' in warnings[0]
   assert 'the next run takes it over once it is silent for 120 s' in warnings[0]

@@ -1,39 +1,54 @@
 """The training loop in-process: determinism, its three outputs, and an evaluation that misses nobody."""
 
+import errno
 import gzip
+import io
 import json
+import os
 import re
-import struct
+import threading
 
 import jax
 import numpy as np
 import pytest
-from tensorboardX.proto.event_pb2 import Event
+from tensorboard.backend.event_processing import event_accumulator
 
 from data.mnist import load_split
-from trainer.run_setup import place, set_up_run
-from mlp import optim, steps
+from errors import UserError
+from trainer.run import compile_epochs, learning, place
+from mlp import steps
 from trainer import loop
-from tests.conftest import make_config, read_metrics
+from trainer.reporting import TAGS, Reporter
+from trainer.run_dir import RunDirectory
+from tests.conftest import make_config, override_flags, read_metrics, run_train
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
 SMALL = dict(num_epochs=2, data__train_split='train[:2000]', data__eval_split='test[8000:]')
 
 
-def read_events(path) -> list[Event]:
-  """A TensorBoard events file's records (TFRecords: length, its CRC, data, the data's CRC)."""
-  data, events, at = path.read_bytes(), [], 0
-  while at < len(data):
-    (size,) = struct.unpack('<Q', data[at:at + 8])
-    events.append(Event.FromString(data[at + 12:at + 12 + size]))
-    at += 12 + size + 4
-  return events
+def tensorboard_view(workdir) -> tuple[dict, dict]:
+  """What TensorBoard's own reader shows of a run directory: (tag, step) -> each scalar, and
+  tag -> each image's (step, PNG bytes)."""
+  events = event_accumulator.EventAccumulator(str(workdir), size_guidance={
+      event_accumulator.SCALARS: 0, event_accumulator.IMAGES: 0})
+  events.Reload()
+  scalars = [((tag, e.step), e.value) for tag in events.Tags()['scalars']
+             for e in events.Scalars(tag)]
+  assert len(dict(scalars)) == len(scalars), 'a step shown twice: a resumed run\'s not purged'
+  return dict(scalars), {tag: [(i.step, i.encoded_image_string) for i in events.Images(tag)]
+                         for tag in events.Tags()['images']}
+
+
+def as_scalars(records: list[dict]) -> dict:
+  """metrics.jsonl's records as TensorBoard's scalars: (tag, step) -> value."""
+  return {(TAGS.get(name, name.replace('_', '/', 1)), r['epoch']): value
+          for r in records for name, value in r.items() if name != 'epoch'}
 
 
 def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_path, capsys,
                                                                          mnist_dir):
   config = make_config(**SMALL)
-  record = loop.train_and_evaluate(config, str(tmp_path))
+  record = loop.train_and_evaluate(config, RunDirectory(tmp_path))
   records = read_metrics(tmp_path)
   assert records[-1] == record
   assert set(record) == {'epoch', 'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
@@ -42,13 +57,13 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   # 2,000 images at batch 128: 15 full steps, 1,920 images trained per epoch.
   assert record['train_images_per_second'] * record['epoch_seconds'] >= 1920 * 0.99
   # The rate of each epoch's last step: warmup ends at step 15, cosine decays to 0 at step 30.
-  schedule = optim.learning_rate_schedule(config, steps_per_epoch=15)
+  schedule = learning(config, steps_per_epoch=15).schedule
   assert [r['learning_rate'] for r in records] == [float(schedule(14)), float(schedule(29))]
   assert records[0]['learning_rate'] == pytest.approx(2e-3 * 14 / 15)
-  events = [event for path in tmp_path.glob('events.out.tfevents.*') for event in read_events(path)]
-  rates = {e.step: v.simple_value for e in events for v in e.summary.value
-           if v.tag == 'train/learning_rate'}
-  assert rates == pytest.approx({1: records[0]['learning_rate'], 2: records[1]['learning_rate']})
+  scalars, images = tensorboard_view(tmp_path)  # Each figure of each epoch, as in metrics.jsonl:
+  assert scalars == pytest.approx(as_scalars(records))
+  assert images == {name: [(2, (tmp_path / f'{name}.png').read_bytes())]
+                    for name in ('mistakes', 'confusion')}
   out = capsys.readouterr().out
   assert out.startswith('training on 2,000 images (train[:2000]), evaluating on 2,000 '
                         '(test[8000:]); 15 steps of 128 per epoch in float32, matmul precision '
@@ -58,12 +73,50 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   assert f'{100 * record["eval_accuracy"]:6.2f}%' in lines[1]
 
 
+def test_a_run_imports_no_torch_where_torch_is_installed(tmp_path, mnist_dir):
+  """TensorBoard's events cost a user who trains PyTorch models too no seconds of importing it."""
+  (tmp_path / 'site' / 'torch').mkdir(parents=True)
+  (tmp_path / 'site' / 'torch' / '__init__.py').write_text('raise RuntimeError("imported torch")')
+  path = os.pathsep.join(filter(None, [str(tmp_path / 'site'), os.environ.get('PYTHONPATH')]))
+  out = run_train('--config=configs/default.py', f'--workdir={tmp_path / "run"}', *override_flags(
+      num_epochs=1, data__train_split='train[:512]', data__eval_split='test[:256]',
+      batch_size=128), env={'PYTHONPATH': path})
+  assert out.returncode == 0, out.stderr
+  assert len(list((tmp_path / 'run').glob('events.out.tfevents.*.from-epoch-0'))) == 1
+
+
+def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_thread(
+    tmp_path, monkeypatch):
+  threads = set(threading.enumerate())
+  reporter = Reporter(RunDirectory(tmp_path), num_epochs=2, stream=io.StringIO())
+  reporter.start(0)
+  [events] = tmp_path.glob('events.out.tfevents.*')
+  started, inode = events.read_bytes(), events.stat().st_ino
+  reporter.write({'epoch': 1, 'train_loss': 0.5, 'epoch_seconds': 1.0, 'eval_loss': 0.5,
+                  'train_accuracy': 0.9, 'eval_accuracy': 0.9, 'train_images_per_second': 9.0})
+  # The same file, longer: a live TensorBoard reads on from where it stopped.
+  assert events.stat().st_ino == inode and events.read_bytes().startswith(started)
+  assert len(events.read_bytes()) > len(started)
+
+  def full_disk(*_):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+  monkeypatch.setattr(RunDirectory, 'append', full_disk)
+  with pytest.raises(UserError) as refused:
+    reporter.write({'epoch': 2, 'train_loss': 0.5, 'epoch_seconds': 1.0})
+  assert str(refused.value) == (f'cannot write {events} (No space left on device); free space or '
+                                'restore access there, then rerun the same command')
+  with pytest.raises(UserError):
+    reporter.pictures({'mistakes': np.zeros((4, 4, 3), np.uint8)}, epoch=1)
+  assert set(threading.enumerate()) == threads
+
+
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run, on_mesh = set_up_run(config, place(config), None, examples)
+  run, on_mesh = compile_epochs(config, place(config), None, examples)
   state = jax.device_get(on_mesh)
-  sums = jax.device_get(run.programs.evaluate(on_mesh, *run.eval_data))
+  sums = jax.device_get(run.programs.evaluate(on_mesh, run.eval_data))
   assert int(sums['count']) == 1999
   images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
   logits = state.apply_fn({'params': state.params}, images)
@@ -74,7 +127,7 @@ def test_padded_evaluation_scores_every_example_once(mnist_dir):
 
 @pytest.mark.slow
 def test_profile_epoch_traces_that_epoch_into_the_run_directory(tmp_path, capsys, mnist_dir):
-  loop.train_and_evaluate(make_config(**SMALL, profile_epoch=2), str(tmp_path))
+  loop.train_and_evaluate(make_config(**SMALL, profile_epoch=2), RunDirectory(tmp_path))
   traces = list(tmp_path.glob('plugins/profile/*/perfetto_trace.json.gz'))
   assert len(traces) == 1 and list(traces[0].parent.glob('*.xplane.pb'))
   events = json.load(gzip.open(traces[0]))['traceEvents']
@@ -90,7 +143,7 @@ def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, ope
   config = make_config(matmul_precision=precision, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  programs = set_up_run(config, place(config), train, evaluation)[0].programs
+  programs = compile_epochs(config, place(config), train, evaluation)[0].programs
   for program in (programs.train, programs.evaluate):
     found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
     assert found == ({operands} if operands else set())  # XLA's default leaves it unset.

@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -24,34 +24,25 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mlp import steps
-from mlp.augment import Distortion
 from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
 from errors import ClosedOnExit, UserError, write_failed
-from trainer import processes
-from trainer.storage import RunDirectory
+from trainer import config_rules, processes
+from trainer.run_dir import RunDirectory
 
 STATE, META = 'state', 'meta'
-META_FILE = 'metadata'  # JsonCheckpointHandler's default file name, which restores read.
-# Config fields a resumed run may change: how long to train (num_epochs also stretches the
-# learning-rate schedule), how to run and evaluate, where the data lives. The rest decide the
-# trained numbers; data.source among them, as TFDS stores MNIST's examples in another order.
-FREE_FIELDS = frozenset({
-    'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
-    'max_checkpoints_to_keep', 'parallel', 'num_devices', 'profile_epoch', 'data.dir',
-    'data.tfds_data_dir', 'data.eval_split'})
-# Fields newer than some checkpoints, with the value those checkpoints were trained with.
-DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32', **{f'data.distort.{name}': value for name, value in
-                                                   dataclasses.asdict(Distortion()).items()}}
+META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpoints have.
+META_FILE = f'{META}/{META_NAME}'
 DAMAGED_PREFIX = 'damaged-epoch-'
-NAME_FORMAT = ocp.path.step.standard_name_format()  # Orbax's default step folders: '3', ...
-# Files every complete checkpoint holds; one missing is damage.
-REQUIRED_FILES = (os.path.join(META, META_FILE),
-                  os.path.join(STATE, ocp.path.format_utils.PYTREE_METADATA_FILE))
+OTHER_CODE = 'resume it with the code that saved it, or pass a new --workdir to start another run'
+# Orbax's default step folders ('3', ...): RunDirectory.epochs() lists them by these names.
+NAME_FORMAT = ocp.path.step.standard_name_format()
+STATE_FILE = f'{STATE}/{ocp.path.format_utils.PYTREE_METADATA_FILE}'  # Every state has it.
 
 
 @dataclasses.dataclass(frozen=True)
 class Restored:
-  """A verified checkpoint: the state to continue from, on the template's devices, and what was passed over."""
+  """A verified checkpoint: the state to go on from, on the template's devices, and what was passed
+  over."""
   epoch: int
   state: steps.TrainState
   config: dict[str, Any]  # The flat config it was saved with.
@@ -60,9 +51,9 @@ class Restored:
 
 
 def saved_tree(state: steps.TrainState, rng_data: Any) -> dict[str, Any]:
-  """What a checkpoint holds: with the data order a function of (seed, epoch), nothing else is needed."""
+  """What a checkpoint holds: the data order a function of (seed, epoch), nothing else is needed."""
   return {'step': state.step, 'params': state.params, 'opt_state': state.opt_state,
-          'rng': rng_data}
+          'rng': rng_data}  # The run key's data, which a restore checks against the seed's.
 
 
 def fingerprint(tree: Any) -> str:
@@ -85,25 +76,26 @@ class _MetaSave(ocp.args.CheckpointArgs):
 class _MetaHandler(ocp.JsonCheckpointHandler):
   """Writes a checkpoint's JSON in orbax's background commit, hashing the state there.
 
-  So a save holds training up only for copies to the host, not for a SHA-256 of the whole state.
-  (JsonCheckpointHandler commits its item as given, so the hash would have to come first.)
+  So a save holds training up only for copies to the host, not for a SHA-256 of the whole state
+  (orbax's `custom_metadata` and JsonCheckpointHandler take the fields as given: the hash would
+  come first, in the pause; docs/checkpoints.md measures it).
   """
 
   async def async_save(self, directory: epath.Path, item: Any = None,
                        args: Any = None) -> list[ocp.future.Future]:
     del item  # Orbax passes _MetaSave as `args`.
     return [ocp.future.CommitFutureAwaitingContractedSignals(
-        _write_meta(directory / META_FILE, args), name='meta_save')]
+        self._write(directory / META_NAME, args), name='meta_save')]
 
-
-async def _write_meta(path: epath.Path, meta: _MetaSave) -> None:
-  """Process 0 writes the JSON, as JsonCheckpointHandler would, once the hash is done."""
-  fields = {**meta.fields, 'fingerprint': await asyncio.to_thread(fingerprint, meta.host_tree)}
-  if processes.is_primary():
-    try:
-      await asyncio.to_thread(path.write_text, json.dumps(fields))
-    except OSError as error:  # A failed write() does not name the file: the report must.
-      raise OSError(error.errno, error.strerror, str(path)) from error
+  @staticmethod
+  async def _write(path: epath.Path, meta: _MetaSave) -> None:
+    """Process 0 writes the JSON, as JsonCheckpointHandler would, once the hash is done."""
+    fields = {**meta.fields, 'fingerprint': await asyncio.to_thread(fingerprint, meta.host_tree)}
+    if processes.is_primary():
+      try:
+        await asyncio.to_thread(path.write_text, json.dumps(fields))
+      except OSError as error:  # A failed write() does not name the file: the report must.
+        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
@@ -118,57 +110,42 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
       *((kind, types.get_type_handler(kind)) for kind in types.supported_types()),
       (jax.Array, types.ArrayHandler(use_replica_parallel=False))))
   registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-  meta = _MetaHandler()
   for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
     registry.add(STATE, args, state)
-  for args in (_MetaSave, ocp.args.JsonRestore):
-    registry.add(META, args, meta)
+  registry.add(META, _MetaSave, _MetaHandler())
   return registry
 
 
-def _manager(directory: str, **options: Any) -> ocp.CheckpointManager:
-  """An orbax manager of `directory` with this app's handlers, whatever the options."""
-  return ocp.CheckpointManager(directory, handler_registry=_handlers(),
-                               options=ocp.CheckpointManagerOptions(step_name_format=NAME_FORMAT,
-                                                                    **options))
+@dataclasses.dataclass
+class _DueAndPaced(ocp.checkpoint_managers.SaveDecisionPolicy):
+  """Every `epochs` epochs, once `seconds` have passed since the last save and it is written: the
+  AND of two orbax policies (its AnySavePolicy is their OR). The continuous one decides on process
+  0's clock and tells the others; it is asked only when the epoch is due, which all agree on."""
+  epochs: int
+  seconds: float
+
+  def should_save(self, step: Any, previous_steps: Any, *, context: Any) -> bool:
+    paced = ocp.checkpoint_managers.ContinuousCheckpointingPolicy(
+        minimum_interval_secs=self.seconds)  # Any number of seconds: it makes a timedelta.
+    return all(policy.should_save(step, previous_steps, context=context) for policy in (
+        ocp.checkpoint_managers.FixedIntervalPolicy(self.epochs), paced))
 
 
-def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Dotted field names to JSON values, the form stored with each checkpoint."""
-
-  def walk(tree: dict, prefix: str):
-    for name, value in tree.items():
-      if isinstance(value, dict):
-        yield from walk(value, f'{prefix}{name}.')
-      else:
-        yield f'{prefix}{name}', value
-
-  return json.loads(json.dumps(dict(walk(config.to_dict(), ''))))
-
-
-def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
-  """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
-  tree: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split('.')
-    target = tree
-    for parent in parents:
-      target = target.setdefault(parent, {})
-    target[leaf] = tuple(value) if isinstance(value, list) else value
-  return ml_collections.ConfigDict(tree)
-
-
-def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-  """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
-  absent = object()
-  saved = {**DEFAULTS_OF_NEWER_FIELDS, **saved}
-  return [name for name in sorted((saved.keys() | current.keys()) - FREE_FIELDS)
-          if saved.get(name, absent) != current.get(name, absent)]
-
-
-def _show(value: Any) -> str:
-  """A stored value as the user writes it in a flag: lists back to tuples."""
-  return repr(tuple(value)) if isinstance(value, list) else repr(value)
+def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.CheckpointManagerOptions:
+  """When to save (orbax asks the policy) and which checkpoints to keep. read_only: no folder made,
+  no half-written save cleaned up (it may be a live run's), no pacing (an older checkpoint's config
+  lacks checkpoint_min_seconds). (Orbax's own read_only warns on every use: nothing here saves.)"""
+  # 0 s: every due epoch, even one that ends while the last save is written (which orbax's
+  # continuous policy would pass over).
+  due = ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every_epochs)
+  if not read_only and config.checkpoint_min_seconds > 0:
+    due = _DueAndPaced(config.checkpoint_every_epochs, config.checkpoint_min_seconds)
+  # LatestN sees orbax's checkpoints only: set_aside renames damaged ones out of its sight.
+  return ocp.CheckpointManagerOptions(
+      step_name_format=NAME_FORMAT, create=not read_only, cleanup_tmp_directories=not read_only,
+      enable_async_checkpointing=True, enable_background_delete=not read_only,
+      save_decision_policy=due,
+      preservation_policy=ocp.checkpoint_managers.LatestN(config.max_checkpoints_to_keep))
 
 
 def _why(error: BaseException) -> str:
@@ -213,7 +190,9 @@ class _OrbaxReports(logging.Filter):
   def __init__(self, directory: str):
     super().__init__()
     self._folder = os.path.join(directory, '')  # Not another folder whose name starts the same.
-    self._previous_hook = sys.unraisablehook
+    for name in ('absl', 'asyncio'):
+      logging.getLogger(name).addFilter(self)
+    self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._hook
 
   def _names_folder(self, error: BaseException | None) -> bool:
     return any(self._folder in str(cause) for cause in _causes(error))
@@ -231,11 +210,6 @@ class _OrbaxReports(logging.Filter):
             or (isinstance(error, RuntimeError) and str(error) == ASYNCIO_LOOP_CLOSED)):
       self._previous_hook(unraisable)
 
-  def open(self) -> None:
-    for name in ('absl', 'asyncio'):
-      logging.getLogger(name).addFilter(self)
-    self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._hook
-
   def close(self, abandoned: bool) -> None:
     """Stops muting, unless a failed read or write left orbax work behind that may still report."""
     if abandoned:
@@ -246,17 +220,9 @@ class _OrbaxReports(logging.Filter):
       logging.getLogger(name).removeFilter(self)
 
 
-def _read_meta(manager: ocp.CheckpointManager, epoch: int,
-               damaged: list[tuple[int, str]]) -> dict[str, Any] | None:
-  """A checkpoint's fingerprint and config; None, the reason added to `damaged`, if unreadable."""
-  try:
-    meta = manager.restore(epoch, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
-    if not isinstance(meta['config'], dict):
-      raise TypeError(f'the saved config is a {type(meta["config"]).__name__}')
-    return meta
-  except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-    damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
-    return None
+def _read_meta(run_dir: RunDirectory, epoch: int) -> Any:
+  """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on)."""
+  return json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
 
 
 def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
@@ -267,57 +233,59 @@ def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
                     'ones back from a backup, or move the numbered folders away to start over')
 
 
-def saved_config(directory: str) -> dict[str, Any] | None:
+def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   """The flat config saved with the newest checkpoint whose metadata reads: what the run trained.
 
-  None when `directory` holds no checkpoint; UserError when none of them can be read.
+  None when `run_dir` holds no checkpoint; UserError when none of them can be read.
   """
-  run_dir = RunDirectory(directory)
-  if not run_dir.exists():
-    return None
-  directory = run_dir.name
   damaged: list[tuple[int, str]] = []
-  with contextlib.closing(_manager(directory, create=False,
-                                   cleanup_tmp_directories=False)) as manager:
-    for epoch in sorted(manager.all_steps(), reverse=True):
-      meta = _read_meta(manager, epoch, damaged)
-      if meta is not None:
-        return {**DEFAULTS_OF_NEWER_FIELDS, **meta['config']}
-  _none_restores(directory, damaged)
+  for epoch in reversed(run_dir.epochs()):
+    try:
+      config = _read_meta(run_dir, epoch)['config']
+      if isinstance(config, dict):
+        return {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
+      raise TypeError(f'the saved config is a {type(config).__name__}')
+    except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+      damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+  _none_restores(run_dir.name, damaged)
   return None
 
 
 class Checkpoints(ClosedOnExit):
-  """The run directory's checkpoints, one folder per saved epoch: asynchronous saves, verified restores.
+  """A run directory's checkpoints, a folder per saved epoch: asynchronous saves, verified restores.
 
   Every process of a multi-process run must make the same calls: orbax coordinates the writes.
   """
 
-  def __init__(self, directory: str, config: ml_collections.ConfigDict, *, read_only: bool = False):
-    self.directory = RunDirectory(directory).name
+  def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, *,
+               read_only: bool = False):
+    self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
-    self._read_only = read_only
-    self._config = flat_config(config)
-    # read_only: no folder created, no half-written save cleaned up (it may be a live run's).
-    # (Orbax's own read_only option warns on every use, so it is left off: nothing here saves.)
-    self._manager = _manager(
-        self.directory, max_to_keep=config.max_checkpoints_to_keep, create=not read_only,
-        cleanup_tmp_directories=not read_only, enable_async_checkpointing=True)
-    self._reports = _OrbaxReports(self.directory)
-    self._reports.open()
+    self._run_dir, self._read_only = run_dir, read_only
+    self._config = config_rules.flat_config(config)
+    self._run_key = np.asarray(jax.random.key_data(steps.run_keys(config.seed)[1]))
+    self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(),
+                                          options=_options(config, read_only))
+    self._reports = _OrbaxReports(self.directory)  # Muting from here on.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
 
   def epochs(self) -> list[int]:
     """The epochs with a complete checkpoint, oldest first."""
     return sorted(self._manager.all_steps())
 
-  def save(self, epoch: int, state: steps.TrainState, rng: jax.Array) -> None:
-    """Starts writing `state` (global arrays) as epoch `epoch`; returns before the disk is done."""
+  def save(self, epoch: int, state: steps.TrainState, force: bool) -> None:
+    """Starts writing `state` (global arrays) as epoch `epoch` if orbax's policy says it is due, or
+    if `force` (the last epoch, a signal); returns before the disk is done."""
+    if not (force or self._manager.should_save(epoch)):
+      return
     start = time.perf_counter()
-    tree = saved_tree(state, jax.random.key_data(rng))
+    step: Any = state.step  # A global array: the run key goes where it is.
+    rng = jax.make_array_from_callback(self._run_key.shape, step.sharding,
+                                       lambda index: self._run_key[index])
+    tree = saved_tree(state, rng)
     # A copy of our own: the next epoch takes over the state's device buffers.
-    host_tree = jax.tree.map(np.array, jax.device_get(tree))
-    meta = _MetaSave({'epoch': epoch, 'config': self._config}, host_tree)
+    meta = _MetaSave({'epoch': epoch, 'config': self._config},
+                     jax.tree.map(np.array, jax.device_get(tree)))
     with self._writing():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
@@ -338,17 +306,14 @@ class Checkpoints(ClosedOnExit):
       yield
     except (OSError, ValueError) as error:  # Orbax passes on tensorstore's ValueError.
       self._failed = True
-      self._remove_unfinished()
+      # The failed save's folders go: their space back, no half checkpoint left.
+      if not self._read_only and processes.is_primary():
+        for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
+          with contextlib.suppress(OSError):
+            path.get().rmtree()
       kept = self.epochs()  # Orbax has dropped the failed save's epoch.
       failed = str(write_failed(self.directory, error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
-
-  def _remove_unfinished(self) -> None:
-    """Deletes the folders of saves that failed: their space back, no half checkpoint left."""
-    if not self._read_only and processes.is_primary():
-      for path in ocp.path.step.all_temporary_paths(self.directory):
-        with contextlib.suppress(OSError):
-          path.get().rmtree()
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
@@ -360,9 +325,9 @@ class Checkpoints(ClosedOnExit):
     """
     start = time.perf_counter()
     processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
-    key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
-    sharding = template.step.sharding  # type: ignore[union-attr]  # A ShapeDtypeStruct here.
-    target = saved_tree(template, jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=sharding))
+    step: Any = template.step  # A ShapeDtypeStruct here.
+    rng = jax.ShapeDtypeStruct(self._run_key.shape, self._run_key.dtype, sharding=step.sharding)
+    target = saved_tree(template, rng)
     damaged: list[tuple[int, str]] = []
     for epoch in reversed(self.epochs()):
       try:
@@ -377,49 +342,43 @@ class Checkpoints(ClosedOnExit):
     return None
 
   def _restore_verified(self, epoch: int, target: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """Epoch `epoch`'s metadata and saved tree, checked against its config and fingerprint."""
-    self._check_files(epoch)
-    meta = self._read(epoch, META, ocp.args.JsonRestore(), 'metadata')
+    """Epoch `epoch`'s metadata and saved tree, checked against its config, fingerprint and seed."""
+    meta = self._read(epoch, 'metadata', lambda: _read_meta(self._run_dir, epoch))
     if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
       raise _Damaged('its metadata lacks the fingerprint or the config')
-    self._check_config(meta['config'], epoch)
-    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    tree = self._read(epoch, STATE, ocp.args.PyTreeRestore(item=target, restore_args=restore_args), 'state')
-    if fingerprint(jax.device_get(tree)) != meta['fingerprint']:
+    config_rules.check_resumable(meta['config'], self._config,
+                                 f'the checkpoint of epoch {epoch} in {self.directory}')
+    args = ocp.args.PyTreeRestore(item=target, restore_args=(
+        ocp.checkpoint_utils.construct_restore_args(target)))
+    # Orbax's own check for this file would take an I/O error for its absence: stat() tells.
+    self._read(epoch, 'state', self._run_dir.path(f'{epoch}/{STATE_FILE}').stat)
+    tree = self._read(epoch, 'state', lambda: self._manager.restore(
+        epoch, args=ocp.args.Composite(**{STATE: args}))[STATE])
+    host = jax.device_get(tree)
+    if fingerprint(host) != meta['fingerprint']:
       raise _Damaged('its state differs from the fingerprint saved with it')
+    if not np.array_equal(host['rng'], self._run_key):  # Intact, so written by other code.
+      raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds the run key '
+                      f'{host["rng"].tolist()}, but seed {self._config["seed"]} gives this code '
+                      f'{self._run_key.tolist()}; {OTHER_CODE}')
     return meta, tree
 
-  def _check_files(self, epoch: int) -> None:
-    """Raises _Damaged when a file every checkpoint has is missing (orbax's exists() hides EIO)."""
-    for name in REQUIRED_FILES:
-      try:
-        (ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch) / name).stat()
-      except FileNotFoundError as error:
-        part = 'metadata' if name.startswith(META) else 'state'
-        raise _Damaged(f'its {part} cannot be read ({name} is missing)') from error
-      except OSError as error:
-        raise self._unreadable(epoch, error) from error
-
-  def _read(self, epoch: int, item: str, args: Any, what: str) -> Any:
-    """One item of a checkpoint; damage that can be named raises _Damaged, the rest UserError."""
+  def _read(self, epoch: int, what: str, read: Callable[[], Any]) -> Any:
+    """`read()` of a part of a checkpoint: nameable damage raises _Damaged, the rest UserError."""
     try:
-      return self._manager.restore(epoch, args=ocp.args.Composite(**{item: args}))[item]
+      return read()
     except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
       self._failed = True
       damage = named_damage(error)
       if damage:
         raise _Damaged(f'its {what} cannot be read ({damage})') from error
       if ORBAX_TREE_MISMATCH.search(str(error)):
-        raise UserError(
-            f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose structure '
-            f'does not fit this code ({_why(error)}); resume it with the code that saved it, or '
-            'pass a new --workdir to start another run') from error
-      raise self._unreadable(epoch, error) from error
-
-  def _unreadable(self, epoch: int, error: BaseException) -> UserError:
-    return UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
-                     f'({_why(error)}); every checkpoint was left in place: rerun the same command '
-                     'once the storage reads again')
+        raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose '
+                        f'structure does not fit this code ({_why(error)}); {OTHER_CODE}'
+                        ) from error
+      raise UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
+                      f'({_why(error)}); every checkpoint was left in place: rerun the same '
+                      'command once the storage reads again') from error
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.
@@ -428,14 +387,13 @@ class Checkpoints(ClosedOnExit):
     """
     moved = []
     for epoch in epochs:
-      target = epath.Path(self.directory) / f'{DAMAGED_PREFIX}{epoch}'
-      suffix = 1
-      while target.exists():
+      name, suffix = f'{DAMAGED_PREFIX}{epoch}', 1
+      while self._run_dir.path(name).exists():
         suffix += 1
-        target = epath.Path(self.directory) / f'{DAMAGED_PREFIX}{epoch}.{suffix}'
+        name = f'{DAMAGED_PREFIX}{epoch}.{suffix}'
       if processes.is_primary():
-        ocp.path.step.build_step_path(self.directory, NAME_FORMAT, epoch).rename(target)
-      moved.append(str(target))
+        self._run_dir.path(str(epoch)).rename(self._run_dir.path(name))
+      moved.append(self._run_dir.file(name))
     if epochs:
       ocp.multihost.sync_global_processes('checkpoints_set_aside')
       self._manager.reload()
@@ -447,6 +405,7 @@ class Checkpoints(ClosedOnExit):
       self._manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for the saves (then orbax's background deletions), and stops muting its reports."""
     try:
       self.wait()
     finally:
@@ -455,12 +414,3 @@ class Checkpoints(ClosedOnExit):
           self._manager.close()
       finally:
         self._reports.close(abandoned=self._failed)
-
-  def _check_config(self, saved: dict[str, Any], epoch: int) -> None:
-    names = config_mismatches(saved, self._config)
-    if names:
-      then = ', '.join(f'{name}={_show(saved.get(name))}' for name in names)
-      now = ', '.join(f'{name}={_show(self._config.get(name))}' for name in names)
-      raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} was saved with {then}, '
-                      f'but this run has {now}; rerun with the checkpoint\'s values to resume it, '
-                      'or pass a new --workdir to start another run')

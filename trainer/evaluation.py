@@ -1,82 +1,108 @@
-"""Evaluating a saved run: `eval_only`, and a rerun of a run that has already finished."""
+"""Evaluating a saved run: `eval_only`, a rerun of a finished run, and a run as a classifier."""
 
 import jax
 import ml_collections
 import numpy as np
 
-from data.mnist import Examples, load_split
 from errors import UserError
+from mlp import epoch as epoch_lib
 from mlp import steps
-from trainer import pictures, processes
+from trainer import checkpoints, config_rules, pictures
 from trainer.checkpoints import Checkpoints, Restored
-from trainer.reporting import Reporter, format_line
-from trainer.devices import Placement
-from trainer.run_setup import RunSetup, place, predict_logits, set_up_run, state_template
-from trainer.storage import RunDirectory
+from trainer.reporting import format_line
+from trainer.run import Epochs, Run, compile_epochs, make_mesh, open_run, state_template
+from trainer.run_dir import RunDirectory
+
+_predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled per shape and batch.
 
 
-def review(config: ml_collections.ConfigDict, run: RunSetup, state: steps.TrainState, epoch: int,
-           reporter: Reporter) -> list[float]:
+def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
+                   config: ml_collections.ConfigDict) -> np.ndarray:
+  """Class logits [N, 10] of uint8 images [N, 784] on the host, as the evaluation makes them."""
+  with jax.default_matmul_precision(config.matmul_precision):
+    return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
+
+
+def review(run: Run, epochs: Epochs, state: steps.TrainState, epoch: int) -> list[float]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
-  images, labels = (np.asarray(jax.device_get(array)) for array in run.eval_data)
-  predicted = predict_logits(state, run.eval_data[0], config).argmax(axis=1)
+  images, labels = (np.asarray(jax.device_get(array)) for array in epochs.eval_data)
+  predicted = predict_logits(state, epochs.eval_data[0], run.config).argmax(axis=1)
   matrix = pictures.confusion_matrix(labels, predicted)
-  where = f'{config.data.eval_split}, checkpoint of epoch {epoch}'
-  reporter.pictures({
+  where = f'{run.config.data.eval_split}, checkpoint of epoch {epoch}'
+  run.reporter.pictures({
       'mistakes': pictures.draw_mistakes(images, labels, predicted, f'mistakes on {where}'),
       'confusion': pictures.draw_confusion(matrix, f'confusion matrix on {where}')}, epoch)
   per_digit = pictures.per_digit_accuracy(matrix)
   shares = '  '.join(f'{digit} {100 * share:.1f}%' for digit, share in enumerate(per_digit))
-  reporter.log(f'eval accuracy per digit: {shares}; drew its mistakes.png and confusion.png')
+  run.reporter.log(f'eval accuracy per digit: {shares}; drew its mistakes.png and confusion.png')
   return per_digit
 
 
-def _score(config: ml_collections.ConfigDict, placement: Placement, restored: Restored,
-           examples: Examples, reporter: Reporter) -> dict:
+def _score(run: Run, restored: Restored) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
-  run, state = set_up_run(config, placement, None, examples, restored.state)
-  metrics = run.evaluate(state)
-  return {'epoch': restored.epoch, 'eval_split': config.data.eval_split,
+  epochs, state = compile_epochs(run.config, run.placement, None, run.eval, restored.state)
+  metrics = epochs.evaluate(state)
+  return {'epoch': restored.epoch, 'eval_split': run.config.data.eval_split,
           'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy'],
-          'eval_accuracy_per_digit': review(config, run, state, restored.epoch, reporter)}
+          'eval_accuracy_per_digit': review(run, epochs, state, restored.epoch)}
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, workdir: str) -> dict:
+def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory) -> dict:
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
-  run_dir = RunDirectory(workdir)
   missing = UserError(f'no checkpoint in {run_dir} to evaluate; train first (the same command '
                       'without --config.eval_only=True) or pass the run\'s --workdir')
   if not run_dir.exists():
     raise missing
-  placement = place(config)
-  examples = load_split(config.data, config.data.eval_split)
-  reporter = Reporter(run_dir, config.num_epochs, enabled=processes.is_primary())
-  # read_only: leaves a live run's files be.
-  with Checkpoints(run_dir.name, config, read_only=True) as checkpoints, reporter:
-    restored = checkpoints.restore(state_template(config, placement.mesh, steps_per_epoch=1))
+  with open_run(config, run_dir, evaluate_only=True) as run:  # Leaves a live run's files be.
+    restored = run.checkpoints.restore(run.template())
     if restored is None:
       raise missing
     for epoch, why in restored.damaged:
-      reporter.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
-    record = _score(config, placement, restored, examples, reporter)
-    reporter.evaluation(record)
+      run.reporter.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
+    record = _score(run, restored)
+    run.reporter.evaluation(record)
   return record
 
 
-def report_finished(config: ml_collections.ConfigDict, placement: Placement, restored: Restored,
-                    examples: Examples, reporter: Reporter) -> dict:
+def report_finished(run: Run, restored: Restored) -> dict:
   """A rerun of a finished run: its final metrics again, evaluated now on this run's eval split.
 
   The training figures come from metrics.jsonl; without that record, the evaluation stands alone.
   """
-  reporter.log(f'nothing to train: the checkpoint is at epoch {restored.epoch} and num_epochs is '
-               f'{config.num_epochs} (raise --config.num_epochs to train on); final metrics:')
-  evaluated = _score(config, placement, restored, examples, reporter)
-  recorded = reporter.recorded(restored.epoch)
+  run.reporter.log(f'nothing to train: the checkpoint is at epoch {restored.epoch} and num_epochs '
+                   f'is {run.config.num_epochs} (raise --config.num_epochs to train on); final '
+                   'metrics:')
+  evaluated = _score(run, restored)
+  recorded = run.reporter.recorded(restored.epoch)
   if recorded:
     record = {**recorded, 'eval_loss': evaluated['eval_loss'],
               'eval_accuracy': evaluated['eval_accuracy']}
-    reporter.log(format_line(record, restored.epoch, 0))
+    run.reporter.log(format_line(record, restored.epoch, 0))
     return record
-  reporter.evaluation(evaluated)
+  run.reporter.evaluation(evaluated)
   return evaluated
+
+
+def restore_run(run_dir: RunDirectory) -> tuple[ml_collections.ConfigDict, Restored]:
+  """The run's config and its newest checkpoint that restores and verifies, on one device.
+
+  Raises UserError when `run_dir` holds no checkpoint, or only damaged ones.
+  """
+  missing = UserError(f'no checkpoint in {run_dir}; pass the --workdir of a trained run, or train '
+                      f'one first: python train.py --config=configs/quick.py --workdir={run_dir}')
+  flat = checkpoints.saved_config(run_dir)
+  if flat is None:
+    raise missing
+  config = config_rules.config_from_flat(flat)
+  config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
+  with Checkpoints(run_dir, config, read_only=True) as saved:
+    restored = saved.restore(state_template(config, make_mesh('jit'), steps_per_epoch=1))
+  if restored is None:
+    raise missing
+  return config, restored
+
+
+def probabilities(config: ml_collections.ConfigDict, restored: Restored,
+                  images: np.ndarray) -> np.ndarray:
+  """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
+  return np.asarray(jax.nn.softmax(predict_logits(restored.state, images, config), axis=1))

@@ -1,4 +1,4 @@
-"""Pictures of an evaluation, drawn with Pillow: the images a model gets wrong, and its confusion matrix.
+"""Pictures of an evaluation, drawn with Pillow: what a model gets wrong, its confusion matrix.
 
 Pure functions: predictions in, uint8 RGB pixels [H, W, 3] out (PNG files and TensorBoard images).
 """
@@ -38,7 +38,7 @@ def _font(size: int = 13) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
 
 def draw_mistakes(images: np.ndarray, labels: np.ndarray, predicted: np.ndarray,
                   title: str) -> np.ndarray:
-  """Up to 100 wrongly predicted images [N, 784] as MNIST shows them, each labelled `true as predicted`."""
+  """Up to 100 wrongly predicted images as MNIST shows them, each labelled `true as predicted`."""
   wrong = np.flatnonzero(predicted != labels)
   page = Image.new('RGB', mistakes_size(len(wrong)), 'white')
   draw = ImageDraw.Draw(page)
@@ -51,8 +51,8 @@ def draw_mistakes(images: np.ndarray, labels: np.ndarray, predicted: np.ndarray,
     digit = Image.fromarray(images[index].reshape(28, 28)).resize((28 * ZOOM, 28 * ZOOM),
                                                                 Image.Resampling.NEAREST)
     page.paste(digit.convert('RGB'), (left, top))
-    draw.text((left + 28 * ZOOM // 2, top + 28 * ZOOM + 2), f'{labels[index]} as {predicted[index]}',
-              fill='black', font=_font(), anchor='ma')
+    draw.text((left + 28 * ZOOM // 2, top + 28 * ZOOM + 2),
+              f'{labels[index]} as {predicted[index]}', fill='black', font=_font(), anchor='ma')
   return np.asarray(page)
 
 

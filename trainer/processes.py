@@ -1,16 +1,27 @@
-"""Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else."""
+"""Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else,
+and ending it in one line on every survivor when a process is lost, never in JAX's abort.
 
+JAX aborts a process whose coordination service reports a lost peer (a C++ fatal log, a stack dump,
+exit 134), from a thread of its own and with no hook Python can use (`missed_heartbeat_callback`
+cannot be given a Python function: the call fails to convert its status). So on several processes
+the run's stderr passes through a relay process, `python -m trainer.processes RUN_DIR COMMAND`,
+which outlives the abort and turns it into the run's one line; once that line is out, nothing else
+follows. JAX is imported inside the functions that use it: the relay never imports it."""
+
+import dataclasses
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from errors import UserError
-from trainer.storage import RunDirectory
+from errors import JAX_ABORT, PEER_LOST, UserError
+from trainer.run_dir import RunDirectory
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -20,42 +31,55 @@ _JAX_GRACE_S = 30
 # only when this runs out; a dead peer's closed connections are noticed at once. At 20 s, processes
 # starved of CPU on a loaded machine (and a job paused for 20 s) were taken for lost.
 HEARTBEAT_TIMEOUT_S = 60
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOST = 'a process of the run was lost'
 
 
-def join(coordinator_address: str | None = None, num_processes: int | None = None,
-         process_id: int | None = None, *, detect: bool = False, initialization_timeout: int = 300,
-         give_up: Callable[[str], None] | None = None) -> bool:
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """How a process was launched: jax.distributed.initialize's arguments, as the flags give them.
+
+  None is detected by JAX (TPU pod slice, Slurm, Open MPI); `detect` asks for that with none given.
+  """
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  detect: bool = False
+  initialization_timeout: int = 300  # Seconds for every process to join.
+
+  def given(self) -> dict[str, Any]:
+    named = {'coordinator_address': self.coordinator_address,
+             'num_processes': self.num_processes, 'process_id': self.process_id}
+    return {name: value for name, value in named.items() if value is not None}
+
+
+def join(launch: Launch, give_up: Callable[[str], None] = lambda _: None) -> bool:
   """Calls `jax.distributed.initialize` when the launch names a multi-process run; True if it did.
 
-  JAX refuses to initialize once any computation has run, so train.py calls this first. Arguments
-  left as None are detected by JAX (TPU pod slice, Slurm, Open MPI); `detect` asks for that with
-  none given. If the other processes have not all joined after `initialization_timeout` seconds,
-  `give_up(message)` is called from a watchdog thread and must end the process.
-  """
-  named: dict[str, Any] = {'coordinator_address': coordinator_address,
-                           'num_processes': num_processes, 'process_id': process_id}
-  given = {name: value for name, value in named.items() if value is not None}
-  if not given and not detect:
+  JAX refuses to initialize once any computation has run, so train.py calls this first. If the
+  other processes have not all joined in time, `give_up(message)` is called from a watchdog thread
+  and must end the process."""
+  address, timeout = launch.coordinator_address, launch.initialization_timeout
+  if not launch.given() and not launch.detect:
     return False
-  if coordinator_address is not None and not re.fullmatch(r'\S+:\d{1,5}', coordinator_address):
-    raise UserError(f'--coordinator_address={coordinator_address!r} is not HOST:PORT; pass the '
-                    'address of process 0 and a free port, e.g. --coordinator_address=10.0.0.2:8476')
+  if address is not None and not re.fullmatch(r'\S+:\d{1,5}', address):
+    raise UserError(f'--coordinator_address={address!r} is not HOST:PORT; pass the address of '
+                    'process 0 and a free port, e.g. --coordinator_address=10.0.0.2:8476')
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
 
   if 'JAX_LOGGING_LEVEL' not in os.environ:
     # JAX's native logs only when fatal: its coordination service logs a lost peer at length, and
     # the run says it in one line.
     jax.config.update('jax_logging_level', 'CRITICAL')
-  watchdog = threading.Timer(initialization_timeout, give_up or (lambda _: None), args=(
-      f'not every process joined the run within {initialization_timeout}s; start all '
-      f'{num_processes or "the"} processes with the same --coordinator_address (process 0\'s '
-      'HOST:PORT, reachable from the others) and each its own --process_id',))
+  watchdog = threading.Timer(timeout, give_up, args=(
+      f'not every process joined the run within {timeout}s; start all '
+      f'{launch.num_processes or "the"} processes with the same --coordinator_address (process '
+      '0\'s HOST:PORT, reachable from the others) and each its own --process_id',))
   watchdog.daemon = True
   watchdog.start()
   try:
-    jax.distributed.initialize(
-        **given, initialization_timeout=initialization_timeout + _JAX_GRACE_S,
-        heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+    jax.distributed.initialize(**launch.given(), initialization_timeout=timeout + _JAX_GRACE_S,
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   except (ValueError, TypeError, RuntimeError) as error:
     raise UserError(
         f'could not join the multi-process run ({error}); on each process pass '
@@ -70,9 +94,7 @@ def mute_native_stdout() -> None:
   """Keeps Python's stdout and sends native code's to /dev/null: gloo prints a line per connection.
 
   Call once, after joining: the run's log then carries only its own lines, not gloo's "[Gloo] Rank
-  0 is connected to 1 peer ranks..." (on several processes, garbled into each other).
-  """
-  import sys  # pylint: disable=g-import-not-at-top
+  0 is connected to 1 peer ranks..." (on several processes, garbled into each other)."""
   sys.stdout.flush()
   python_stdout = os.dup(1)
   devnull = os.open(os.devnull, os.O_WRONLY)
@@ -102,22 +124,18 @@ def agree_to_stop(signal_name: str | None) -> str | None:
   """The stop request of any process, seen by all: orbax's save needs every process at one epoch.
 
   A preempted host may be the only one signalled; without this, it would wait in the checkpoint
-  save for peers that train on.
-  """
+  save for peers that train on."""
   asked = max(_gather(signal.Signals[signal_name].value if signal_name else 0))
   return signal_name or (signal.Signals(asked).name if asked else None)
 
 
 def check_same_checkpoints(newest_epoch: int) -> None:
-  """Every process must see the same newest checkpoint before any restores: orbax restores together."""
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  try:
-    multihost_utils.assert_equal(np.int32(newest_epoch))
-  except AssertionError as error:  # On every process: each sees the others' epochs differ.
-    newest = ', '.join(map(str, _gather(newest_epoch)))
-    raise UserError(f'the processes see different checkpoints (newest epoch {newest} for processes '
-                    '0, 1, ...; 0: none): give every process the same --workdir on storage they '
-                    'all share') from error
+  """Every process must see one newest checkpoint before any restores: orbax restores together."""
+  newest = _gather(newest_epoch)  # The same list on every process: all of them stop, or none.
+  if len(set(newest)) > 1:
+    raise UserError(f'the processes see different checkpoints (newest epoch '
+                    f'{", ".join(map(str, newest))} for processes 0, 1, ...; 0: none): give every '
+                    'process the same --workdir on storage they all share')
 
 
 def check_shared_directory(run_dir: RunDirectory) -> None:
@@ -129,3 +147,66 @@ def check_shared_directory(run_dir: RunDirectory) -> None:
     missing = ', '.join(str(i) for i, ok in enumerate(seen) if not ok)
     raise UserError(f'process {missing} cannot see the run directory that process 0 made (here: '
                     f'{run_dir}): give every process the same --workdir on storage they all share')
+
+
+def lost_a_peer(error: BaseException | None) -> bool:
+  """Whether `error` is a multi-process run's collective or barrier failing for a lost process."""
+  import jax  # pylint: disable=g-import-not-at-top
+  while error is not None and jax.process_count() > 1:  # One process has no peer to lose.
+    if isinstance(error, jax.errors.JaxRuntimeError) and PEER_LOST.search(str(error)):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def message(run_dir: RunDirectory, command: str) -> str:
+  """What every surviving process says: the run stopped, where it resumes, and how."""
+  try:
+    newest = max(run_dir.epochs(), default=None)
+  except Exception:  # pylint: disable=broad-except; the storage is unreachable too: say so
+    newest, where = None, f'the run directory {run_dir} cannot be read now'
+  else:
+    where = (f'the newest checkpoint is epoch {newest} in {run_dir}' if newest is not None else
+             f'no checkpoint was saved yet in {run_dir}')
+  then = 'resume from it' if newest is not None else 'start again'
+  return (f'{LOST} (it stopped, or its host or network went down); {where}; to {then}, rerun '
+          f'the same command on every host, here: {command}')
+
+
+def relay(lines: Iterable[bytes], out: BinaryIO, lost_line: Callable[[], str]) -> None:
+  """Copies stderr lines until the run's lost-process line or JAX's abort (said as that line)."""
+  lines = iter(lines)
+  for line in lines:
+    if JAX_ABORT in line:
+      line = f'error: {" ".join(lost_line().split())}\n'.encode()
+    out.write(line)
+    out.flush()
+    if line.startswith(f'error: {LOST}'.encode()):
+      break
+  for _ in lines:  # The rest (a stack dump, a second report) is dropped; the writer never blocks.
+    pass
+
+
+def start_relay(run_dir: RunDirectory, command: str) -> None:
+  """Sends this process's stderr through the relay from now on; stderr as it was if none starts."""
+  read, write = os.pipe()
+  try:  # The run directory by its absolute name: the relay runs from the project's root.
+    subprocess.Popen([sys.executable, '-m', 'trainer.processes', run_dir.name, command], stdin=read,
+                     stdout=subprocess.DEVNULL, cwd=ROOT)
+  except OSError:
+    os.close(write)
+    return
+  finally:
+    os.close(read)
+  sys.stderr.flush()
+  os.dup2(write, 2)
+  os.close(write)
+
+
+if __name__ == '__main__':
+  # The relay ends when the run's stderr closes: a Ctrl-C or a SIGTERM to the whole job is the
+  # run's to handle, and its last lines still have to reach the user.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  relay(sys.stdin.buffer, sys.stderr.buffer,
+        lambda: message(RunDirectory(sys.argv[1]), sys.argv[2]))

@@ -1,9 +1,10 @@
-"""Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard, the log."""
+"""Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard."""
 
 import contextlib
 import io
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -12,12 +13,14 @@ from typing import TextIO
 import jax
 import numpy as np
 from PIL import Image
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto.event_pb2 import Event, SessionLog
-from tensorboardX.summary import image, scalar
+# TensorBoard's own event protos and TFRecord framing (length, masked CRC32C): they import neither
+# TensorFlow nor PyTorch (tensorboardX imports PyTorch wherever it is installed: seconds at start).
+from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.summary.writer.record_writer import RecordWriter
 
 from errors import ClosedOnExit, write_failed
-from trainer.storage import RunDirectory
+from trainer.run_dir import RunDirectory
 
 METRICS_FILE = 'metrics.jsonl'
 # TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.
@@ -103,6 +106,29 @@ def _writing(path: str) -> Iterator[str]:
     raise write_failed(path, error) from error
 
 
+class _EventsFile:
+  """TensorBoard's events, written as they come with no thread or queue (unlike SummaryWriter): a
+  refused write is then the user's one line, never a thread's traceback or a blocked run."""
+
+  def __init__(self, run_dir: RunDirectory, suffix: str):
+    self._run_dir, self._whole = run_dir, b''
+    self._name = f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}{suffix}'
+    self.write(Event(file_version='brain.Event:2'))
+
+  def write(self, event: Event) -> None:
+    """Appended on a disk, where a live TensorBoard reads on from where it stopped; a bucket's
+    object cannot be appended to, so it is uploaded whole."""
+    event.wall_time = time.time()
+    framed = io.BytesIO()
+    RecordWriter(framed).write(event.SerializeToString())
+    with _writing(self._run_dir.file(self._name)):
+      if self._run_dir.remote:
+        self._whole += framed.getvalue()
+        self._run_dir.write(self._name, self._whole)
+      else:
+        self._run_dir.append(self._name, framed.getvalue())
+
+
 class Reporter(ClosedOnExit):
   """The run's one voice: log lines, warnings, and the run directory's metrics and events.
 
@@ -120,7 +146,7 @@ class Reporter(ClosedOnExit):
     self._stream = stream or sys.stdout
     self._enabled = enabled
     self._seconds: list[float] = []
-    self._writer: EventsWriter | None = None
+    self._events: _EventsFile | None = None
     if enabled:
       run_dir.make()
 
@@ -129,14 +155,11 @@ class Reporter(ClosedOnExit):
     if not self._enabled:
       return
     self._records = keep_records_through(self._run_dir, start_epoch)
-    with _writing(str(self._run_dir)):
-      # The suffix keeps a run resumed in the same second from overwriting the last one's events.
-      self._writer = self._events_file(f'.from-epoch-{start_epoch}')
-      # SummaryWriter(purge_step=start_epoch + 1)'s own restart event, written without its thread:
-      # a full disk kills that thread with a traceback (and another at exit), not one line.
-      self._writer.write_event(Event(step=start_epoch + 1, wall_time=time.time(),
-                                     session_log=SessionLog(status=SessionLog.START)))
-      self._writer.flush()
+    # The suffix keeps a run resumed in the same second from overwriting the last one's events.
+    self._events = _EventsFile(self._run_dir, f'.from-epoch-{start_epoch}')
+    # SummaryWriter(purge_step=start_epoch + 1)'s restart event: TensorBoard drops the events of
+    # the steps from there on that earlier files hold.
+    self._events.write(Event(step=start_epoch + 1, session_log=SessionLog(status=SessionLog.START)))
 
   def write(self, record: dict[str, float]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
@@ -144,41 +167,31 @@ class Reporter(ClosedOnExit):
       return
     self._records.append(record)
     _write_records(self._run_dir, METRICS_FILE, self._records)
-    with _writing(str(self._run_dir)):  # TensorBoard's events file.
-      self._add_scalars(record)
+    assert self._events is not None, 'written after start()'
+    self._events.write(Event(step=int(record['epoch']), summary=Summary(value=[
+        Summary.Value(tag=TAGS.get(name, name.replace('_', '/', 1)), simple_value=value)
+        for name, value in record.items() if name != 'epoch'])))
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
     say(format_line(record, self._num_epochs, eta), self._stream)
 
-  def _events_file(self, suffix: str) -> EventsWriter:
-    return EventsWriter(self._run_dir.file('events'), suffix)
-
   def pictures(self, pictures: dict[str, np.ndarray], epoch: int) -> None:
     """Each picture (uint8 [H, W, 3]) as NAME.png in the run directory and a TensorBoard image."""
     if not self._enabled:
       return
+    images = []
     for name, pixels in pictures.items():
       png = io.BytesIO()
       Image.fromarray(pixels).save(png, format='PNG')
       with _writing(self._run_dir.file(f'{name}.png')):
         self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
-    with _writing(str(self._run_dir)):
-      if self._writer is None:  # An evaluation alone (eval_only) has no events file open.
-        self._writer = self._events_file(f'.eval-epoch-{epoch}')
-      for name, pixels in pictures.items():
-        self._writer.write_event(Event(wall_time=time.time(), step=epoch,
-                                       summary=image(name, pixels, dataformats='HWC')))
-      self._writer.flush()
-
-  def _add_scalars(self, record: dict[str, float]) -> None:
-    assert self._writer is not None, 'written after start()'
-    for name, value in record.items():
-      if name != 'epoch':
-        self._writer.write_event(Event(wall_time=time.time(), step=int(record['epoch']),
-                                       summary=scalar(TAGS.get(name, name.replace('_', '/', 1)),
-                                                      value)))
-    self._writer.flush()
+      height, width, channels = pixels.shape
+      images.append(Summary.Value(tag=name, image=Summary.Image(
+          height=height, width=width, colorspace=channels, encoded_image_string=png.getvalue())))
+    if self._events is None:  # An evaluation alone (eval_only) has no events file open.
+      self._events = _EventsFile(self._run_dir, f'.eval-epoch-{epoch}')
+    self._events.write(Event(step=epoch, summary=Summary(value=images)))
 
   @contextlib.contextmanager
   def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
@@ -217,7 +230,5 @@ class Reporter(ClosedOnExit):
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
 
   def close(self) -> None:
-    if self._writer is not None:
-      writer, self._writer = self._writer, None
-      with _writing(str(self._run_dir)):
-        writer.close()
+    """Nothing is left open: each event is written once made."""
+    self._events = None

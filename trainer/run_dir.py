@@ -1,33 +1,148 @@
-"""One training run per run directory: an flock on a local disk; on Cloud Storage, an object that
-generation preconditions give one owner, who keeps it fresh so that a dead owner's lock goes stale."""
+"""A run directory and its lock: a local folder, or a Cloud Storage bucket (`gs://BUCKET/PATH`)
+that outlives a preempted VM. One training run at a time holds it: an flock on a local disk; on
+Cloud Storage, an object that generation preconditions give one owner, who keeps it fresh so that a
+dead owner's lock goes stale. Cloud Storage's failures (no bucket, no permission, no credentials)
+end in one line; its clients load only for a `gs://` run directory."""
 
+import contextlib
 import datetime
 import fcntl
 import os
 import re
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol, TextIO
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+from etils import epath
 
 from errors import UserError
-from trainer import storage
+
+REMOTE_PREFIX = 'gs://'
+CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account; elsewhere run '
+                    '`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS')
+
+
+def is_remote(path: str) -> bool:
+  return path.startswith(REMOTE_PREFIX)
+
+
+def blob(url: str) -> Any:
+  """The Cloud Storage object at a `gs://` URL, from the client whose writes take preconditions."""
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top; only for gs://
+  bucket, _, name = url[len(REMOTE_PREFIX):].partition('/')
+  return storage.Client().bucket(bucket).blob(name)
+
+
+@contextlib.contextmanager
+def user_errors(workdir: str) -> Iterator[None]:
+  """Cloud Storage's refusals as the one line a user acts on, naming the bucket and the fix."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  bucket = f'{REMOTE_PREFIX}{workdir[len(REMOTE_PREFIX):].split("/", 1)[0]}'
+  try:
+    yield
+  except exceptions.NotFound as error:
+    raise UserError(f'the bucket {bucket} of --workdir={workdir} does not exist; create it '
+                    f'(gcloud storage buckets create {bucket} --location=REGION) or pass another '
+                    '--workdir') from error
+  except (exceptions.Forbidden, exceptions.Unauthorized) as error:
+    raise UserError(f'no permission to use {bucket} ({error.code} {error.message}); give this '
+                    'machine\'s account the Storage Object Admin role on the bucket (gcloud '
+                    f'storage buckets add-iam-policy-binding {bucket} ...) or pass another '
+                    '--workdir') from error
+  except auth.GoogleAuthError as error:
+    raise UserError(f'no Google Cloud credentials to reach {bucket} ({type(error).__name__}); '
+                    f'{CREDENTIALS_HELP}') from error
+
+
+class RunDirectory:
+  """The one owner of a run directory's files, on a disk or in a bucket: the modules that write
+  there ask it. A file is written whole (object stores cannot append): a reader sees the old
+  version or the new one, never half."""
+
+  def __init__(self, workdir: str | os.PathLike):
+    workdir = os.fspath(workdir)
+    self.name = workdir.rstrip('/') if is_remote(workdir) else os.path.abspath(workdir)
+    self.remote = is_remote(workdir)
+
+  def __str__(self) -> str:
+    return self.name
+
+  def file(self, name: str) -> str:
+    return f'{self.name}/{name}'
+
+  def path(self, name: str = '') -> epath.Path:
+    return epath.Path(self.file(name) if name else self.name)
+
+  def make(self) -> None:
+    """A local directory is made and checked writable; a bucket's prefix needs no making."""
+    if self.remote:
+      return
+    try:
+      os.makedirs(self.name, exist_ok=True)
+    except OSError as error:
+      raise UserError(f'cannot create the run directory {self.name} ({error.strerror}); pass a '
+                      '--workdir that can be written to') from error
+    if not os.access(self.name, os.W_OK | os.X_OK):
+      raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
+                      'be written to')
+
+  def exists(self) -> bool:
+    return self.path().is_dir()
+
+  def read(self, name: str) -> str | None:
+    """A file's text, or None if there is none; one line for a file that cannot be read."""
+    try:
+      return self.path(name).read_text(encoding='utf-8')
+    except FileNotFoundError:
+      return None
+    except OSError as error:  # A folder of that name, no permission, an I/O error.
+      raise UserError(f'cannot read {self.file(name)} ({error.strerror or error}); move it out of '
+                      'the run directory or restore it, then rerun the same command') from error
+
+  def write(self, name: str, data: str | bytes) -> None:
+    """Replaces the file whole: one upload to a bucket, a rename of a finished copy on a disk."""
+    raw = data.encode('utf-8') if isinstance(data, str) else data
+    if self.remote:
+      self.path(name).write_bytes(raw)
+      return
+    partial = self.file(f'{name}.tmp')
+    with open(partial, 'wb') as f:
+      f.write(raw)
+    os.replace(partial, self.file(name))
+
+  def append(self, name: str, data: bytes) -> None:
+    """Adds to a local file in place, for a reader that follows it as it grows (TensorBoard); an
+    object in a bucket cannot be appended to (write() it whole)."""
+    assert not self.remote, 'a bucket object is written whole'
+    with open(self.file(name), 'ab') as f:
+      f.write(data)
+
+  def glob(self, pattern: str) -> list[str]:
+    return sorted(str(p) for p in self.path().glob(pattern))
+
+  def epochs(self) -> list[int]:
+    """The epochs of complete checkpoints, oldest first, from the folders alone (no manager, no
+    peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
+    without its commit marker."""
+    import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; only when listing
+    return sorted(ocp.path.step.checkpoint_steps(self.path()))
+
+  def lock(self, **options: Any) -> 'RunLock':
+    """The run lock of this directory (RunLock's options); held while entered."""
+    return RunLock(self, **options)
+
 
 LOCK_FILE = 'run.lock'
 STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.
-
-
-class _Holder(Protocol):
-  def take(self) -> UserError | None: ...
-  def release(self) -> None: ...
-  def lost(self) -> bool: ...
 
 
 def _owner() -> str:
   return f'host {socket.gethostname()}, pid {os.getpid()}'
 
 
-def _busy(workdir: str, holder: str, note: str = '') -> UserError:
+def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> UserError:
   return UserError(f'the run directory {workdir} is in use by a training run ({holder}{note}); '
                    'wait for it to end or stop it, or pass another --workdir')
 
@@ -35,10 +150,10 @@ def _busy(workdir: str, holder: str, note: str = '') -> UserError:
 class _Flock:
   """The kernel drops an flock when its holder exits or is killed, so a stale lock never blocks."""
 
-  def __init__(self, workdir: str):
+  def __init__(self, workdir: RunDirectory):
     self._workdir = workdir
     self._file: TextIO | None = None
-    self._path = os.path.join(workdir, LOCK_FILE)
+    self._path = workdir.file(LOCK_FILE)
 
   def take(self) -> UserError | None:
     lock: TextIO = open(self._path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
@@ -71,7 +186,7 @@ class _ObjectLock:
   and ends by emptying it. A lock left silent `stale_after` seconds (kill -9, a deleted VM) is
   free; the lock names its owner's `stale_after`, and a newcomer waits the longer of the two."""
 
-  def __init__(self, workdir: str, stale_after: float, warn: Callable[[str], None]):
+  def __init__(self, workdir: RunDirectory, stale_after: float, warn: Callable[[str], None]):
     self._workdir, self._stale_after, self._warn = workdir, stale_after, warn
     self._blob: Any = None
     self._generation: int | None = None
@@ -79,8 +194,8 @@ class _ObjectLock:
     self._beat = threading.Thread(target=self._keep_fresh, daemon=True)
 
   def take(self) -> UserError | None:
-    with storage.user_errors(self._workdir):
-      self._blob = storage.blob(f'{self._workdir.rstrip("/")}/{LOCK_FILE}')
+    with user_errors(self._workdir.name):
+      self._blob = blob(self._workdir.file(LOCK_FILE))
       if not self._write(expected=0):
         found = self._blob.bucket.get_blob(self._blob.name)
         holder, silent = self._holder(found) if found else ('', 0)
@@ -152,11 +267,11 @@ class RunLock:
   says whether every process got past it, stops them all when that one is refused.
   """
 
-  def __init__(self, workdir: str, enabled: bool = True,
+  def __init__(self, workdir: RunDirectory, enabled: bool = True,
                everyone: Callable[[bool], bool] = lambda ok: ok,
                stale_after: float = STALE_AFTER_S, warn: Callable[[str], None] = lambda _: None):
     self._workdir, self._enabled, self._everyone = workdir, enabled, everyone
-    self._holder: _Holder = (_ObjectLock(workdir, stale_after, warn) if storage.is_remote(workdir)
+    self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, stale_after, warn) if workdir.remote
                              else _Flock(workdir))
 
   def __enter__(self) -> 'RunLock':

@@ -1,21 +1,38 @@
-"""Config validation at the edge, before any data or disk is touched: the first bad field, named."""
+"""The config's rules: checked at the edge, before any data or disk is touched (the first bad field,
+named), and the fields a resumed run may change; the flat form saved with each checkpoint."""
 
+import dataclasses
+import json
 import math
 import numbers
+from typing import Any
 
 import ml_collections
 
 from data.mnist import SOURCES
 from data.splits import parse_split
-from errors import ConfigError
+from errors import ConfigError, UserError
+from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
-from trainer.devices import MATMUL_PRECISIONS, PARALLEL_MODES
 
+PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
+MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
 POSITIVE_INTEGERS = ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
                      'max_checkpoints_to_keep')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
            'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES}
+
+# Config fields a resumed run may change: how long to train (num_epochs also stretches the
+# learning-rate schedule), how to run and evaluate, where the data lives. The rest decide the
+# trained numbers; data.source among them, as TFDS stores MNIST's examples in another order.
+FREE_FIELDS = frozenset({
+    'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
+    'checkpoint_min_seconds', 'max_checkpoints_to_keep', 'parallel', 'num_devices',
+    'profile_epoch', 'data.dir', 'data.tfds_data_dir', 'data.eval_split'})
+# Fields newer than some checkpoints, with the value those checkpoints were trained with.
+DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32', **{f'data.distort.{name}': value for name, value in
+                                                   dataclasses.asdict(Distortion()).items()}}
 
 
 def _is_int(value) -> bool:
@@ -46,7 +63,7 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
                       str(config.num_epochs))
   if not config.learning_rate > 0:
     raise ConfigError('learning_rate', 'must be positive', config.learning_rate, '1e-3')
-  for name in ('warmup_epochs', 'weight_decay'):
+  for name in ('warmup_epochs', 'weight_decay', 'checkpoint_min_seconds'):
     if not (math.isfinite(config[name]) and config[name] >= 0):
       raise ConfigError(name, 'must be a finite number >= 0', config[name], '0')
   widths = config.model.hidden_sizes
@@ -88,3 +105,55 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('batch_size', f'must be at most the training split '
                       f'{config.data.train_split!r} has ({train_size} examples)',
                       config.batch_size, str(train_size))
+
+
+def fields(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
+  """Each field by its dotted name, as a flag names it: `data.distort.rotation`."""
+  found: dict[str, Any] = {}
+  for name, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      found.update(fields(value, f'{prefix}{name}.'))
+    else:
+      found[f'{prefix}{name}'] = value
+  return found
+
+
+def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Dotted field names to JSON values, the form stored with each checkpoint."""
+  return json.loads(json.dumps(fields(config)))
+
+
+def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
+  tree: dict[str, Any] = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split('.')
+    target = tree
+    for parent in parents:
+      target = target.setdefault(parent, {})
+    target[leaf] = tuple(value) if isinstance(value, list) else value
+  return ml_collections.ConfigDict(tree)
+
+
+def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+  """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
+  absent = object()
+  saved = {**DEFAULTS_OF_NEWER_FIELDS, **saved}
+  return [name for name in sorted((saved.keys() | current.keys()) - FREE_FIELDS)
+          if saved.get(name, absent) != current.get(name, absent)]
+
+
+def check_resumable(saved: dict[str, Any], current: dict[str, Any], checkpoint: str) -> None:
+  """Refuses to resume a checkpoint (named by `checkpoint`) trained with other numbers."""
+  names = config_mismatches(saved, current)
+  if names:
+    then = ', '.join(f'{name}={_show(saved.get(name))}' for name in names)
+    now = ', '.join(f'{name}={_show(current.get(name))}' for name in names)
+    raise UserError(f'{checkpoint} was saved with {then}, but this run has {now}; rerun with the '
+                    'checkpoint\'s values to resume it, or pass a new --workdir to start another '
+                    'run')
+
+
+def _show(value: Any) -> str:
+  """A stored value as the user writes it in a flag: lists back to tuples."""
+  return repr(tuple(value)) if isinstance(value, list) else repr(value)
