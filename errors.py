@@ -2,7 +2,7 @@
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -33,6 +33,15 @@ JAX_ABORT = b'Terminating process because the JAX distributed service detected f
 # ml_collections' error for an override of a field the config lacks: the name, and its guess.
 CONFIG_FIELD_NAMED = re.compile(r"'([\w.]+)")
 CONFIG_FIELD_GUESS = re.compile(r'Did you mean "([^"]+)"')
+
+
+def causes(error: BaseException | None) -> Iterator[BaseException]:
+  """The error and the errors it was raised from, outermost first."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
 
 
 class UserError(Exception):

@@ -25,7 +25,7 @@ from etils import epath
 
 from mlp import steps
 from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
-from errors import ClosedOnExit, UserError, write_failed
+from errors import ClosedOnExit, UserError, causes, write_failed
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -34,8 +34,6 @@ META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpo
 META_FILE = f'{META}/{META_NAME}'
 DAMAGED_PREFIX = 'damaged-epoch-'
 OTHER_CODE = 'resume it with the code that saved it, or pass a new --workdir to start another run'
-# Orbax's default step folders ('3', ...): RunDirectory.epochs() lists them by these names.
-NAME_FORMAT = ocp.path.step.standard_name_format()
 STATE_FILE = f'{STATE}/{ocp.path.format_utils.PYTREE_METADATA_FILE}'  # Every state has it.
 
 
@@ -140,9 +138,10 @@ def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.Checkpoi
   due = ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every_epochs)
   if not read_only and config.checkpoint_min_seconds > 0:
     due = _DueAndPaced(config.checkpoint_every_epochs, config.checkpoint_min_seconds)
-  # LatestN sees orbax's checkpoints only: set_aside renames damaged ones out of its sight.
+  # LatestN sees orbax's checkpoints only: set_aside renames damaged ones out of its sight. Orbax's
+  # default step folders ('3', ...), which RunDirectory.epochs() lists.
   return ocp.CheckpointManagerOptions(
-      step_name_format=NAME_FORMAT, create=not read_only, cleanup_tmp_directories=not read_only,
+      create=not read_only, cleanup_tmp_directories=not read_only,
       enable_async_checkpointing=True, enable_background_delete=not read_only,
       save_decision_policy=due,
       preservation_policy=ocp.checkpoint_managers.LatestN(config.max_checkpoints_to_keep))
@@ -157,22 +156,13 @@ class _Damaged(Exception):
   """Damage to a checkpoint that can be named (the message says what): it is set aside."""
 
 
-def _causes(error: BaseException | None) -> Iterator[BaseException]:
-  """The error and the errors it was raised from, outermost first."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    yield error
-    error = error.__cause__ or error.__context__
-
-
 def named_damage(error: BaseException) -> str | None:
   """What is wrong with a checkpoint's files, when `error` says so; None for any other failure.
 
   A missing file, metadata that is not JSON, or tensorstore's not-found, data-loss and
   out-of-range (a file cut short) statuses. An I/O error, memory, anything else: None.
   """
-  for cause in _causes(error):
+  for cause in causes(error):
     if (isinstance(cause, (FileNotFoundError, json.JSONDecodeError))
         or TENSORSTORE_DAMAGE_STATUS.search(str(cause))):
       return _why(cause)
@@ -195,7 +185,7 @@ class _OrbaxReports(logging.Filter):
     self._previous_hook, sys.unraisablehook = sys.unraisablehook, self._hook
 
   def _names_folder(self, error: BaseException | None) -> bool:
-    return any(self._folder in str(cause) for cause in _causes(error))
+    return any(self._folder in str(cause) for cause in causes(error))
 
   def filter(self, record: logging.LogRecord) -> bool:
     """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints."""

@@ -8,6 +8,7 @@ import numbers
 from typing import Any
 
 import ml_collections
+from flax import traverse_util
 
 from data.mnist import SOURCES
 from data.splits import parse_split
@@ -38,12 +39,6 @@ DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32', **{f'data.distort.{name}': value
 def _is_int(value) -> bool:
   """An integer proper: True and False are ints to Python, never to a config."""
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _get(config: ml_collections.ConfigDict, field: str):
-  for name in field.split('.'):
-    config = config[name]
-  return config
 
 
 def _check_numbers(config: ml_collections.ConfigDict) -> None:
@@ -95,10 +90,10 @@ def _check_distortion(distort: ml_collections.ConfigDict) -> None:
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (or the split parser's UserError) for the first field that cannot work."""
   _check_numbers(config)
+  flat = fields(config)
   for field, choices in CHOICES.items():
-    if _get(config, field) not in choices:
-      raise ConfigError(field, f'must be one of {", ".join(choices)}', _get(config, field),
-                        choices[0])
+    if flat[field] not in choices:
+      raise ConfigError(field, f'must be one of {", ".join(choices)}', flat[field], choices[0])
   train_size = parse_split(config.data.train_split).size
   parse_split(config.data.eval_split)
   if config.batch_size > train_size:
@@ -107,15 +102,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
                       config.batch_size, str(train_size))
 
 
-def fields(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
+def fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Each field by its dotted name, as a flag names it: `data.distort.rotation`."""
-  found: dict[str, Any] = {}
-  for name, value in config.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      found.update(fields(value, f'{prefix}{name}.'))
-    else:
-      found[f'{prefix}{name}'] = value
-  return found
+  return traverse_util.flatten_dict(config.to_dict(), sep='.')
 
 
 def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -125,14 +114,8 @@ def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
 
 def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
   """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
-  tree: dict[str, Any] = {}
-  for name, value in flat.items():
-    *parents, leaf = name.split('.')
-    target = tree
-    for parent in parents:
-      target = target.setdefault(parent, {})
-    target[leaf] = tuple(value) if isinstance(value, list) else value
-  return ml_collections.ConfigDict(tree)
+  return ml_collections.ConfigDict(traverse_util.unflatten_dict(
+      {name: tuple(v) if isinstance(v, list) else v for name, v in flat.items()}, sep='.'))
 
 
 def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from errors import JAX_ABORT, PEER_LOST, UserError
+from errors import JAX_ABORT, PEER_LOST, UserError, causes
 from trainer.run_dir import RunDirectory
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
@@ -152,11 +152,9 @@ def check_shared_directory(run_dir: RunDirectory) -> None:
 def lost_a_peer(error: BaseException | None) -> bool:
   """Whether `error` is a multi-process run's collective or barrier failing for a lost process."""
   import jax  # pylint: disable=g-import-not-at-top
-  while error is not None and jax.process_count() > 1:  # One process has no peer to lose.
-    if isinstance(error, jax.errors.JaxRuntimeError) and PEER_LOST.search(str(error)):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
+  return jax.process_count() > 1 and any(  # One process has no peer to lose.
+      isinstance(cause, jax.errors.JaxRuntimeError) and PEER_LOST.search(str(cause))
+      for cause in causes(error))
 
 
 def message(run_dir: RunDirectory, command: str) -> str:

@@ -19,7 +19,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from errors import ClosedOnExit, write_failed
+from errors import write_failed
 from trainer.run_dir import RunDirectory
 
 METRICS_FILE = 'metrics.jsonl'
@@ -129,7 +129,7 @@ class _EventsFile:
         self._run_dir.append(self._name, framed.getvalue())
 
 
-class Reporter(ClosedOnExit):
+class Reporter:
   """The run's one voice: log lines, warnings, and the run directory's metrics and events.
 
   metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch`, and has
@@ -228,7 +228,3 @@ class Reporter(ClosedOnExit):
     _write_records(self._run_dir, EVAL_FILE, [*read_records(self._run_dir, EVAL_FILE), record])
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
-
-  def close(self) -> None:
-    """Nothing is left open: each event is written once made."""
-    self._events = None

@@ -253,7 +253,6 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
           stale_after=lock_stale_after, warn=reporter.warn))
       processes.check_shared_directory(run_dir)
     checkpoints = stack.enter_context(Checkpoints(run_dir, config, read_only=evaluate_only))
-    stack.enter_context(reporter)
     yield Run(config, run_dir, placement, train[0] if train else None, examples, steps_per_epoch,
               learning(config, steps_per_epoch or 1).schedule, reporter, checkpoints, lock,
               should_stop)
