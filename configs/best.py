@@ -1,12 +1,15 @@
-"""Best: a 784-1024-1024-10 MLP on randomly distorted digits (affine and elastic), 200 epochs.
+"""Best: a 784-2500-2000-1500-1000-500-10 MLP on digits distorted anew each epoch, 800 epochs.
 
   python train.py --config=configs/best.py               # train on 60,000, score the 10,000 test images
   python train.py --config=configs/best.py:validation    # train[:50000], score train[50000:]
 
-Chosen on the validation split (docs/best.md: 99.45%, seed 0). Test accuracy, seeds 0 / 1 / 2:
-99.30% / 99.31% / 99.26% (mean 99.29%), 1394-1441 s each on 2 idle CPU cores (seed 0: 1840 s,
-tests running beside it): `python -m benchmarks.recipes --config=configs/best.py --recipes=config`.
-Short of the 99.4% it aims at: docs/best.md says what to try next.
+The shape of Ciresan et al. (2010), whose single MLP scored 99.65%. Chosen on the validation split
+on an NVIDIA H100 (docs/best.md: 99.67%, seed 0, beside 99.52% with milder distortions and 99.35%
+for the earlier 1024-1024 recipe), then scored once per seed on the test set: 99.58% / 99.51% /
+99.58% for seeds 0 / 1 / 2 (mean 99.557%), 183 s from launch to exit with the GPU to itself
+(main at 2bcb41c; the run machinery changed since, its numbers did not: bit-identical on a CPU;
+docs/best-h100/ holds the logs). A GPU
+recipe: on 2 CPU cores (an Intel Xeon) an epoch takes 25 s, so 800 epochs take about 5.7 hours.
 """
 
 import ml_collections
@@ -15,12 +18,14 @@ from configs import default
 
 
 def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
-  """configs/default.py, wider and longer, on digits distorted anew each epoch."""
+  """configs/default.py, wide, deep and long, on strongly distorted digits."""
   config = default.get_config(splits)
-  config.num_epochs = 200
-  config.model.hidden_sizes = (1024, 1024)
+  config.num_epochs = 800
+  config.model.hidden_sizes = (2500, 2000, 1500, 1000, 500)
   config.model.dropout_rate = 0.0  # The distortions regularize enough: validation chose none.
   config.data.max_shift = 0  # The distortion's translation moves digits by any fraction instead.
-  config.data.distort.update(rotation=12.0, scale=0.12, shear=8.0, translate=2.0,
-                             elastic_alpha=15.0, elastic_sigma=6.0)
+  config.data.distort.update(rotation=15.0, scale=0.15, shear=8.0, translate=2.0,
+                             elastic_alpha=34.0, elastic_sigma=6.0)
+  # A GPU trains an epoch in 0.2-0.4 s: a save (144 MB) at most every 30 s; on a CPU, every epoch.
+  config.checkpoint_min_seconds = 30.0
   return config
