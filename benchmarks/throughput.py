@@ -107,9 +107,9 @@ class MatmulsAloneRun:
 
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                trainer: workload.TrainerRun):
-    layers = sorted(trainer.start_state.params.items(), key=lambda item: int(item[0].rsplit('_', 1)[1]))
-    # Dense_0, Dense_1, ... in order, in the compute dtype.
-    self._kernels = [layer['kernel'].astype(config.dtype) for _, layer in layers]
+    model = trainer.start_state.model()  # Its layers in order; kernels in the compute dtype.
+    self._kernels = [layer.kernel.value.astype(config.dtype)
+                     for layer in (*model.hidden, model.out)]
     self._images = jax.device_put(examples.images)
     self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
     self._seed_key = trainer.run_key
