@@ -41,10 +41,14 @@ class MLP(nnx.Module):
 
   def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
     """Logits of a batch; with a `dropout_key` (training), each layer's mask drawn from it."""
-    x = x.reshape((x.shape[0], -1))
-    for index, layer in enumerate(self.hidden):
-      x = nnx.relu(layer(x))
-      if self.dropout_rate > 0 and dropout_key is not None:
-        x = dropout(x, self.dropout_rate, jax.random.fold_in(dropout_key, index))
-    logits = self.out(x)
+    with jax.named_scope('mlp'):  # Names its ops in profiles (benchmarks/profile_epoch.py).
+      x = x.reshape((x.shape[0], -1))
+      for index, layer in enumerate(self.hidden):
+        with jax.named_scope('dense'):
+          x = layer(x)
+        x = nnx.relu(x)
+        if self.dropout_rate > 0 and dropout_key is not None:
+          x = dropout(x, self.dropout_rate, jax.random.fold_in(dropout_key, index))
+      with jax.named_scope('dense'):
+        logits = self.out(x)
     return logits if self.compute_dtype is None else logits.astype(jnp.float32)
