@@ -77,7 +77,8 @@ class LoopRun:
     everything = batches.gather(examples.images, examples.labels, jnp.arange(len(examples)))
     self._images, self._labels = np.asarray(everything['image']), np.asarray(everything['label'])
     self._plan = jax.jit(epoch_lib.epoch_plan, static_argnums=2, static_argnames='batch_size')
-    self._step = jax.jit(epoch_lib.train_batch)
+    self._step = jax.jit(functools.partial(epoch_lib.train_batch, spec=epoch_lib.EpochSpec(
+        config.batch_size, label_smoothing=config.label_smoothing)))
     self._batch_size = config.batch_size
     self._state, self._seed_key = trainer.start_state, trainer.run_key
 

@@ -59,19 +59,28 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None =
           'count': jnp.sum(mask, dtype=jnp.int32)}
 
 
+def smoothed_losses(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
+  """Cross-entropy against labels that keep 1 - `smoothing` of their mass, the rest spread evenly."""
+  if not smoothing:  # The integer-label form: the same bits as before smoothing was a choice.
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
+  return optax.softmax_cross_entropy(logits, targets)
+
+
 def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
-               axis_name: str | None = None) -> tuple[TrainState, Metrics]:
+               axis_name: str | None = None,
+               label_smoothing: float = 0.0) -> tuple[TrainState, Metrics]:
   """One optimizer update on the batch's mean loss; gradients are averaged over `axis_name`.
 
   `dropout_keys` holds one key per example: an example's masks do not depend on its batch or device.
+  Metrics report the plain cross-entropy, whatever the smoothing.
   """
 
   def loss_fn(params):
     model = state.model(params)
     # Mapped over examples so each draws from its own key; the matmuls stay whole-batch products.
     logits = jax.vmap(lambda image, key: model(image[None], key)[0])(batch['image'], dropout_keys)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
-    return jnp.mean(losses), logits
+    return jnp.mean(smoothed_losses(logits, batch['label'], label_smoothing)), logits
 
   grads, logits = jax.grad(loss_fn, has_aux=True)(state.params)
   if axis_name is not None:

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -98,3 +99,15 @@ def test_every_optimizer_follows_warmup_then_cosine_decay(name):
   assert sizes[0] == 0.0  # Warmup starts from a zero learning rate.
   assert max(sizes) == pytest.approx(max(sizes[8:12]), rel=0.3)  # Peak at the end of warmup.
   assert sizes[-1] < 0.05 * max(sizes)  # Cosine decay reaches ~0 at the last step.
+
+
+def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
+  logits = jnp.zeros((1, 10)).at[0, 3].set(2.0)
+  labels = jnp.array([3])
+  log_p = jax.nn.log_softmax(logits)[0]
+  # Targets: 0.9 + 0.1 / 10 on class 3, 0.1 / 10 on each other class.
+  expected = -(0.91 * log_p[3] + 0.01 * (jnp.sum(log_p) - log_p[3]))
+  np.testing.assert_allclose(steps.smoothed_losses(logits, labels, 0.1)[0], expected, rtol=1e-6)
+  plain = steps.smoothed_losses(logits, labels, 0.0)
+  np.testing.assert_array_equal(plain, optax.softmax_cross_entropy_with_integer_labels(logits,
+                                                                                       labels))

@@ -122,7 +122,8 @@ def _programs(config: ml_collections.ConfigDict, placement: Placement, state: An
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_inputs is not None:
       spec = epoch.EpochSpec(config.batch_size, config.data.max_shift,
-                             augment.Distortion(**config.data.distort), axis)
+                             augment.Distortion(**config.data.distort), axis,
+                             config.label_smoothing)
       train = _compile(functools.partial(epoch.train_epoch, spec=spec), mesh, mode,
                        (state, *train_inputs, np.int32(0)), donate=True)
     evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
