@@ -76,9 +76,9 @@ def main(argv: list[str]) -> None:
       print(f'{config_file:<22}{recipe:<14}{seed:>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}',
             flush=True)
   for (config_file, recipe), figures in results.items():
-    accuracies, seconds = zip(*figures)
-    print(f'{config_file:<22}{recipe:<14}{"mean":>6}{100 * statistics.mean(accuracies):>15.2f}%'
-          f'{statistics.mean(seconds):>10.1f}', flush=True)
+    accuracy, seconds = (statistics.mean(column) for column in zip(*figures))
+    print(f'{config_file:<22}{recipe:<14}{"mean":>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}',
+          flush=True)
 
 
 if __name__ == '__main__':
