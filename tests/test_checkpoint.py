@@ -492,15 +492,21 @@ def save_the_old_way(workdir, epoch: int, state, rng_data, config, **more) -> No
   manager.close()
 
 
+def resave_newest_the_old_way(workdir, config, run_seed: int, **more) -> dict:
+  """Epoch 3 saved again the old way from its own state, with the run key of `run_seed`; returns
+  the run directory's snapshot after."""
+  newest = restore(workdir, config)
+  shutil.rmtree(workdir / '3')
+  save_the_old_way(workdir, 3, newest.state, jax.random.key_data(steps.run_keys(run_seed)[1]),
+                   config, **more)
+  return snapshot(workdir)
+
+
 def test_a_checkpoint_of_the_older_linen_model_is_refused_in_one_line_and_moves_nothing(
     small_copy):
   """The Linen model's checkpoints say nothing of the model: its parameters are others."""
   config = make_config(**SMALL)
-  newest = restore(small_copy, config)
-  shutil.rmtree(small_copy / '3')
-  save_the_old_way(small_copy, 3, newest.state,
-                   jax.random.key_data(steps.run_keys(config.seed)[1]), config)
-  before = snapshot(small_copy)
+  before = resave_newest_the_old_way(small_copy, config, config.seed)
   for attempt in (lambda: loop.train_and_evaluate(config, RunDirectory(small_copy)),
                   lambda: evaluation.restore_run(RunDirectory(small_copy))):
     with pytest.raises(UserError) as error:
@@ -537,12 +543,8 @@ def test_an_intact_checkpoint_whose_run_key_is_not_the_seeds_is_refused_and_move
     small_copy):
   """What code that derives its run key otherwise saves: its data order and dropout are others."""
   config = make_config(**SMALL)
-  newest = restore(small_copy, config)
-  shutil.rmtree(small_copy / '3')
-  save_the_old_way(small_copy, 3, newest.state,
-                   jax.random.key_data(steps.run_keys(config.seed + 1)[1]), config,
-                   model=checkpoint.MODEL_API)
-  before = snapshot(small_copy)
+  before = resave_newest_the_old_way(small_copy, config, config.seed + 1,
+                                     model=checkpoint.MODEL_API)
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(config, RunDirectory(small_copy))
   message = str(error.value)
