@@ -3,21 +3,23 @@
   python -m benchmarks.dropout_bits [--batch_size=128] [--num_images=8000] [--repeats=11]
 
 The model's dropout (mlp/model.py) compares the bytes of threefry words, one word per four units.
-Flax's nn.Dropout calls jax.random.bernoulli: under threefry keys a word per unit; under `rbg` keys
+Flax's Dropout calls jax.random.bernoulli: under threefry keys a word per unit; under `rbg` keys
 (jax_default_prng_impl, which then keys the whole run) XLA's RngBitGenerator. Every variant runs
 the trainer's epoch (the run set-up) over the same data and state, timed in turn, so load from
 other processes hits all alike.
 """
 
+import dataclasses
 import json
 import statistics
 from collections.abc import Iterator
 
-import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import app
 from absl import flags
+from flax import nnx
 
 from benchmarks import workload
 from configs import default
@@ -27,29 +29,31 @@ from trainer import run as devices
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each variant.', lower_bound=1)
 BYTES, THREEFRY, RBG = ('model dropout (bytes, a word per 4 units)',
-                        'nn.Dropout, threefry (a word per unit)',
-                        'nn.Dropout, rbg keys (bernoulli)')
+                        'bernoulli, threefry (a word per unit)',
+                        'bernoulli, rbg keys')
 
 
 class BernoulliDropoutMLP(MLP):
-  """The same MLP with Flax's nn.Dropout, which draws its mask with jax.random.bernoulli."""
+  """The same MLP, its masks drawn as Flax's Dropout draws them: with jax.random.bernoulli."""
 
-  @nn.compact
-  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
+  def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
     x = x.reshape((x.shape[0], -1))
-    for width in self.hidden_sizes:
-      x = nn.relu(nn.Dense(width)(x))
-      x = nn.Dropout(self.dropout_rate, deterministic=not train)(x)
-    return nn.Dense(self.num_classes)(x)
+    for index, layer in enumerate(self.hidden):
+      x = nnx.relu(layer(x))
+      if dropout_key is not None:
+        keep = jax.random.bernoulli(jax.random.fold_in(dropout_key, index),
+                                    1 - self.dropout_rate, x.shape)
+        x = jnp.where(keep, x / (1 - self.dropout_rate), 0)
+    return self.out(x)
 
 
 def make_runs(config: ml_collections.ConfigDict,
               examples: Examples) -> dict[str, workload.TrainerRun]:
   """The three variants, compiled from the same fresh state; the rbg one keyed by rbg throughout."""
   model_dropout = workload.TrainerRun(config, examples)
-  model = BernoulliDropoutMLP(hidden_sizes=tuple(config.model.hidden_sizes),
-                              dropout_rate=config.model.dropout_rate)
-  start = model_dropout.start_state.replace(apply_fn=model.apply)
+  model = BernoulliDropoutMLP(tuple(config.model.hidden_sizes),
+                              dropout_rate=config.model.dropout_rate, rngs=nnx.Rngs(params=0))
+  start = dataclasses.replace(model_dropout.start_state, graphdef=nnx.graphdef(model))
   # A copy each: an epoch donates the state it starts from.
   mesh = model_dropout.mesh
   fresh = lambda: workload.TrainerRun(config, examples, devices.replicate(start, mesh))

@@ -65,15 +65,21 @@ def _named_ops(hlo_text: str) -> dict[str, tuple[str, str]]:
   return ops
 
 
+def _in_scope(scope: str, op_name: str) -> bool:
+  """Whether JAX named the op inside `jax.named_scope(scope)`: 'a/scope/b', 'vmap(scope)/b'."""
+  return re.search(rf'(^|[/(]){scope}[/)]', op_name) is not None
+
+
 def category(opcode: str, op_name: str) -> str:
-  """What an op is for, from its opcode and the name JAX gave it."""
-  if '/optimizer/' in op_name:
+  """What an op is for, from its opcode and the name JAX gave it (the model's named scopes)."""
+  if _in_scope('optimizer', op_name):
     return 'optimizer update'
-  if '/dropout/' in op_name:
+  if _in_scope('dropout', op_name):
     return 'dropout: random bits and masks'
-  if opcode == 'dot' or ('Dense_' in op_name and op_name.endswith(('/dot_general', '/transpose'))):
+  if opcode == 'dot' or (_in_scope('dense', op_name)
+                         and op_name.endswith(('/dot_general', '/transpose'))):
     return 'matmuls (forward and backward)'
-  if 'MLP' in op_name:
+  if _in_scope('mlp', op_name):
     return 'rest of the model: bias, ReLU, their gradients'
   return 'loss, metrics, gather, loop bookkeeping'
 

@@ -1,13 +1,16 @@
-"""A config's recipe beside the conventional one, each a real `train.py` run on the same split.
+"""Configs' recipes beside the conventional one, each a real `train.py` run on the same split.
 
-  python -m benchmarks.recipes [--config=configs/default.py] [--seeds=0,1,2] [--splits=test]
+  python -m benchmarks.recipes [--config=configs/default.py] [--also=configs/fast.py,...]
+      [--seeds=0,1,2] [--splits=test]
 
 `conventional` is Adam 1e-3 with no regularization, the common baseline: the same MLP, Adam at a
 constant 1e-3, no dropout, no augmentation, the config's epochs and batch. (The frameworks' own
 MNIST examples train otherwise: google/flax's with SGD 0.1 and momentum 0.9, 10 epochs of 128;
-pytorch/examples' with Adadelta 1.0 and StepLR(gamma 0.7), 14 epochs of 64.)
-Prints each run's final eval accuracy and its time from launch to exit, then each recipe's mean.
-Choose recipes with --splits=validation (train[:50000], scored on train[50000:]).
+pytorch/examples' with Adadelta 1.0 and StepLR(gamma 0.7), 14 epochs of 64.) `--also` adds more
+config files, each as it is. Seed by seed, every run takes its turn, so a machine's changing load
+falls on all of them alike. Prints each run's final eval accuracy and its time from launch to exit,
+then each recipe's mean. Choose recipes with --splits=validation (train[:50000], scored on
+train[50000:]).
 """
 
 import json
@@ -24,6 +27,7 @@ from benchmarks.workload import ROOT
 from errors import fail
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
+_ALSO = flags.DEFINE_list('also', [], 'More config files, each trained as it is.')
 _SEEDS = flags.DEFINE_list('seeds', ['0', '1', '2'], 'Seeds to train each recipe with.')
 _SPLITS = flags.DEFINE_enum('splits', 'test', ['test', 'validation'],
                             'test: train on train, score test; validation: the held-out split.')
@@ -38,16 +42,16 @@ RECIPES = {
 }
 
 
-def train(recipe: str, seed: str, workdir: str) -> tuple[float, float]:
+def train(config_file: str, recipe: str, seed: str, workdir: str) -> tuple[float, float]:
   """One run of the recipe as a user launches it: (final eval accuracy, seconds launch to exit)."""
   fields = [*RECIPES[recipe], f'seed={seed}', *_OVERRIDES.value]
-  command = [sys.executable, 'train.py', f'--config={_CONFIG.value}:{_SPLITS.value}',
+  command = [sys.executable, 'train.py', f'--config={config_file}:{_SPLITS.value}',
              f'--workdir={workdir}', *(f'--config.{field}' for field in fields)]
   start = time.perf_counter()
   out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
   if out.returncode != 0:
-    fail(f'{recipe} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}', 1)
+    fail(f'{config_file} {recipe} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}', 1)
   with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
     last = json.loads(metrics.read().splitlines()[-1])
   return last['eval_accuracy'], seconds
@@ -59,16 +63,22 @@ def main(argv: list[str]) -> None:
   unknown = set(_RECIPES.value) - RECIPES.keys()
   if unknown:
     fail(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}', 2)
-  print(f'{_CONFIG.value}:{_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
-  print(f'{"recipe":<14}{"seed":>6}{"eval accuracy":>16}{"seconds":>10}', flush=True)
-  for recipe in _RECIPES.value:
-    accuracies = []
-    for seed in _SEEDS.value:
+  runs = [(_CONFIG.value, recipe) for recipe in _RECIPES.value]
+  runs += [(config_file, 'config') for config_file in _ALSO.value]
+  print(f'splits {_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
+  print(f'{"config":<22}{"recipe":<14}{"seed":>6}{"eval accuracy":>16}{"seconds":>10}', flush=True)
+  results: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
+  for seed in _SEEDS.value:
+    for config_file, recipe in runs:
       with tempfile.TemporaryDirectory() as workdir:
-        accuracy, seconds = train(recipe, seed, workdir)
-      accuracies.append(accuracy)
-      print(f'{recipe:<14}{seed:>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}', flush=True)
-    print(f'{recipe:<14}{"mean":>6}{100 * statistics.mean(accuracies):>15.2f}%', flush=True)
+        accuracy, seconds = train(config_file, recipe, seed, workdir)
+      results[config_file, recipe].append((accuracy, seconds))
+      print(f'{config_file:<22}{recipe:<14}{seed:>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}',
+            flush=True)
+  for (config_file, recipe), figures in results.items():
+    accuracy, seconds = (statistics.mean(column) for column in zip(*figures))
+    print(f'{config_file:<22}{recipe:<14}{"mean":>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}',
+          flush=True)
 
 
 if __name__ == '__main__':

@@ -77,7 +77,8 @@ class LoopRun:
     everything = batches.gather(examples.images, examples.labels, jnp.arange(len(examples)))
     self._images, self._labels = np.asarray(everything['image']), np.asarray(everything['label'])
     self._plan = jax.jit(epoch_lib.epoch_plan, static_argnums=2, static_argnames='batch_size')
-    self._step = jax.jit(epoch_lib.train_batch)
+    self._step = jax.jit(functools.partial(epoch_lib.train_batch, spec=epoch_lib.EpochSpec(
+        config.batch_size, label_smoothing=config.label_smoothing)))
     self._batch_size = config.batch_size
     self._state, self._seed_key = trainer.start_state, trainer.run_key
 
@@ -107,9 +108,9 @@ class MatmulsAloneRun:
 
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                trainer: workload.TrainerRun):
-    layers = sorted(trainer.start_state.params.items(), key=lambda item: int(item[0].rsplit('_', 1)[1]))
-    # Dense_0, Dense_1, ... in order, in the compute dtype.
-    self._kernels = [layer['kernel'].astype(config.dtype) for _, layer in layers]
+    model = trainer.start_state.model()  # Its layers in order; kernels in the compute dtype.
+    self._kernels = [layer.kernel.value.astype(config.dtype)
+                     for layer in (*model.hidden, model.out)]
     self._images = jax.device_put(examples.images)
     self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
     self._seed_key = trainer.run_key

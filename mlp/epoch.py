@@ -20,6 +20,7 @@ class EpochSpec:
   max_shift: int = 0  # Pixels each way; 0: off.
   distortion: augment.Distortion = augment.Distortion()
   axis_name: str | None = None  # The mapped axis under shard_map or pmap; None on one device.
+  label_smoothing: float = 0.0  # The share of each label's mass spread over the ten classes.
 
 
 def _shard(axis_name: str | None) -> tuple[jax.Array, int]:
@@ -57,9 +58,10 @@ def dropout_keys(dropout_key: jax.Array, step: jax.Array | int, indices: jax.Arr
 
 def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
                 dropout_key: jax.Array,
-                axis_name: str | None = None) -> tuple[steps.TrainState, steps.Metrics]:
+                spec: EpochSpec) -> tuple[steps.TrainState, steps.Metrics]:
   """One step on the examples `indices` names, whose masks follow (key, global step, example)."""
-  return steps.train_step(state, batch, dropout_keys(dropout_key, state.step, indices), axis_name)
+  return steps.train_step(state, batch, dropout_keys(dropout_key, state.step, indices),
+                          spec.axis_name, spec.label_smoothing)
 
 
 def train_epoch(state: steps.TrainState, data: Data, seed_key: jax.Array, epoch: jax.Array,
@@ -76,7 +78,7 @@ def train_epoch(state: steps.TrainState, data: Data, seed_key: jax.Array, epoch:
   def body(state, indices):
     augmented = augment.augmenter(seed_key, epoch, indices, spec.max_shift, spec.distortion)
     batch = batches.gather(images, labels, indices, augmented)
-    return train_batch(state, batch, indices, dropout_key, spec.axis_name)
+    return train_batch(state, batch, indices, dropout_key, spec)
 
   state, sums = jax.lax.scan(body, state, step_indices)
   return state, _total(sums, spec.axis_name)

@@ -1,10 +1,11 @@
 """The Flax MLP classifier, computing in float32 or bfloat16 over float32 parameters."""
 
+import functools
 from collections.abc import Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 DTYPES = {'float32': None, 'bfloat16': jnp.bfloat16}  # None: Flax's default, float32 throughout.
 
@@ -26,20 +27,28 @@ def dropout(x: jax.Array, rate: float, rng: jax.Array) -> jax.Array:
     return jnp.where(draws < keep, x * (256 / keep), jnp.zeros((), x.dtype))
 
 
-class MLP(nn.Module):
+class MLP(nnx.Module):
   """ReLU layers of the given widths, optional dropout after each, then float32 class logits."""
-  hidden_sizes: Sequence[int] = (512, 512)
-  num_classes: int = 10
-  dropout_rate: float = 0.0
-  dtype: str = 'float32'  # Of activations and matmuls; parameters stay float32.
 
-  @nn.compact
-  def __call__(self, x: jax.Array, *, train: bool = False) -> jax.Array:
-    dtype = DTYPES[self.dtype]
-    x = x.reshape((x.shape[0], -1))
-    for width in self.hidden_sizes:
-      x = nn.relu(nn.Dense(width, dtype=dtype, param_dtype=jnp.float32)(x))
-      if self.dropout_rate > 0 and train:
-        x = dropout(x, self.dropout_rate, self.make_rng('dropout'))
-    logits = nn.Dense(self.num_classes, dtype=dtype, param_dtype=jnp.float32)(x)
-    return logits if dtype is None else logits.astype(jnp.float32)
+  def __init__(self, hidden_sizes: Sequence[int] = (512, 512), *, dropout_rate: float = 0.0,
+               dtype: str = 'float32', num_classes: int = 10, rngs: nnx.Rngs):
+    widths = (784, *hidden_sizes)
+    dense = functools.partial(nnx.Linear, dtype=DTYPES[dtype], param_dtype=jnp.float32, rngs=rngs)
+    self.hidden = nnx.List([dense(n, m) for n, m in zip(widths, widths[1:])])
+    self.out = dense(widths[-1], num_classes)
+    self.dropout_rate = dropout_rate
+    self.compute_dtype = DTYPES[dtype]  # Of activations and matmuls; parameters stay float32.
+
+  def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+    """Logits of a batch; with a `dropout_key` (training), each layer's mask drawn from it."""
+    with jax.named_scope('mlp'):  # Names its ops in profiles (benchmarks/profile_epoch.py).
+      x = x.reshape((x.shape[0], -1))
+      for index, layer in enumerate(self.hidden):
+        with jax.named_scope('dense'):
+          x = layer(x)
+        x = nnx.relu(x)
+        if self.dropout_rate > 0 and dropout_key is not None:
+          x = dropout(x, self.dropout_rate, jax.random.fold_in(dropout_key, index))
+      with jax.named_scope('dense'):
+        logits = self.out(x)
+    return logits if self.compute_dtype is None else logits.astype(jnp.float32)

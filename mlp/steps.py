@@ -1,15 +1,38 @@
 """Pure step functions over an explicit train state: easy to jit, pmap or scan."""
 
+import dataclasses
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import optax
-from flax.training import train_state
+from flax import nnx
+from flax import struct
 
 from mlp.model import MLP
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
-TrainState = train_state.TrainState
+
+
+@struct.dataclass
+class TrainState:
+  """Flax NNX's functional form of a model in training: what a step changes as arrays (a pytree to
+  jit, scan, shard and checkpoint), and how to rebuild the model from them as static fields."""
+  step: jax.Array | int
+  params: nnx.State  # The model's nnx.Param state, split from it once.
+  opt_state: optax.OptState
+  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+  tx: optax.GradientTransformation = struct.field(pytree_node=False)
+
+  def model(self, params: nnx.State | None = None) -> MLP:
+    """The model with these parameters (or `params`), merged inside the traced function."""
+    return nnx.merge(self.graphdef, self.params if params is None else params)
+
+  def apply_gradients(self, grads: nnx.State) -> 'TrainState':
+    updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
+    return dataclasses.replace(self, step=self.step + 1, opt_state=opt_state,
+                               params=optax.apply_updates(self.params, updates))
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -18,10 +41,11 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
   return init_key, run_key
 
 
-def create_train_state(model: MLP, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+def create_train_state(make_model: Callable[..., MLP], tx: optax.GradientTransformation,
+                       rng: jax.Array) -> TrainState:
   """Initial parameters from `rng`, and the optimizer's state for them: step 0 of a run."""
-  params = model.init(rng, jnp.zeros((1, 784), jnp.float32))['params']
-  return TrainState.create(apply_fn=model.apply, params=params, tx=tx)
+  graphdef, params = nnx.split(make_model(rngs=nnx.Rngs(params=rng)), nnx.Param)
+  return TrainState(step=0, params=params, opt_state=tx.init(params), graphdef=graphdef, tx=tx)
 
 
 def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> Metrics:
@@ -35,20 +59,28 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None =
           'count': jnp.sum(mask, dtype=jnp.int32)}
 
 
+def smoothed_losses(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
+  """Cross-entropy against labels that keep 1 - `smoothing` of their mass, the rest spread evenly."""
+  if not smoothing:  # The integer-label form: the same bits as before smoothing was a choice.
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
+  return optax.softmax_cross_entropy(logits, targets)
+
+
 def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
-               axis_name: str | None = None) -> tuple[TrainState, Metrics]:
+               axis_name: str | None = None,
+               label_smoothing: float = 0.0) -> tuple[TrainState, Metrics]:
   """One optimizer update on the batch's mean loss; gradients are averaged over `axis_name`.
 
   `dropout_keys` holds one key per example: an example's masks do not depend on its batch or device.
+  Metrics report the plain cross-entropy, whatever the smoothing.
   """
 
   def loss_fn(params):
+    model = state.model(params)
     # Mapped over examples so each draws from its own key; the matmuls stay whole-batch products.
-    apply = lambda image, key: state.apply_fn({'params': params}, image[None], train=True,
-                                              rngs={'dropout': key})[0]
-    logits = jax.vmap(apply)(batch['image'], dropout_keys)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['label'])
-    return jnp.mean(losses), logits
+    logits = jax.vmap(lambda image, key: model(image[None], key)[0])(batch['image'], dropout_keys)
+    return jnp.mean(smoothed_losses(logits, batch['label'], label_smoothing)), logits
 
   grads, logits = jax.grad(loss_fn, has_aux=True)(state.params)
   if axis_name is not None:
@@ -60,7 +92,7 @@ def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
 
 def predict_step(state: TrainState, images: jax.Array) -> jax.Array:
   """Class logits of normalized images, as evaluation computes them (no dropout)."""
-  return state.apply_fn({'params': state.params}, images, train=False)
+  return state.model()(images)
 
 
 def eval_step(state: TrainState, batch: Batch, mask: jax.Array) -> Metrics:

@@ -477,29 +477,57 @@ def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_
   assert saved_epochs(tmp_path) == [3, 4] and (tmp_path / f'{DAMAGED_PREFIX}3').is_dir()
 
 
-def save_the_old_way(workdir, epoch: int, state, rng_data, config) -> None:
+def save_the_old_way(workdir, epoch: int, state, rng_data, config, **more) -> None:
   """A checkpoint as the code before checkpoint_min_seconds wrote it, through orbax's stock
-  handlers: the state with the run key's data, and JSON of the epoch, config and fingerprint."""
+  handlers: the state with the run key's data, and JSON of the epoch, config and fingerprint (and
+  `more` fields)."""
   flat = config_rules.flat_config(config)
   del flat['checkpoint_min_seconds']  # Older configs lack it.
   tree = checkpoint.saved_tree(state, rng_data)
   fields = {'epoch': epoch, 'config': flat, 'fingerprint': checkpoint.fingerprint(
-      jax.device_get(tree))}
+      jax.device_get(tree)), **more}
   manager = ocp.CheckpointManager(workdir, item_names=(checkpoint.STATE, checkpoint.META))
   manager.save(epoch, args=ocp.args.Composite(**{checkpoint.STATE: ocp.args.PyTreeSave(tree),
                                                  checkpoint.META: ocp.args.JsonSave(fields)}))
   manager.close()
 
 
-def test_a_checkpoint_saved_the_old_way_restores_bit_exactly_and_resumes_exactly(small_run,
-                                                                                 small_copy):
+def resave_newest_the_old_way(workdir, config, run_seed: int, **more) -> dict:
+  """Epoch 3 saved again the old way from its own state, with the run key of `run_seed`; returns
+  the run directory's snapshot after."""
+  newest = restore(workdir, config)
+  shutil.rmtree(workdir / '3')
+  save_the_old_way(workdir, 3, newest.state, jax.random.key_data(steps.run_keys(run_seed)[1]),
+                   config, **more)
+  return snapshot(workdir)
+
+
+def test_a_checkpoint_of_the_older_linen_model_is_refused_in_one_line_and_moves_nothing(
+    small_copy):
+  """The Linen model's checkpoints say nothing of the model: its parameters are others."""
+  config = make_config(**SMALL)
+  before = resave_newest_the_old_way(small_copy, config, config.seed)
+  for attempt in (lambda: loop.train_and_evaluate(config, RunDirectory(small_copy)),
+                  lambda: evaluation.restore_run(RunDirectory(small_copy))):
+    with pytest.raises(UserError) as error:
+      attempt()
+    message = str(error.value)
+    assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds the parameters '
+                              'of the Flax Linen model'), message
+    assert '--workdir' in message and 'git checkout ' in message and '\n' not in message
+    assert snapshot(small_copy) == before
+
+
+def test_a_checkpoint_saved_the_old_way_with_the_nnx_model_restores_and_resumes_exactly(
+    small_run, small_copy):
   config = make_config(**SMALL)
   shutil.rmtree(small_copy / '3')
   saved = restore(small_copy, config)
   assert saved.epoch == 2
   shutil.rmtree(small_copy / '2')
   save_the_old_way(small_copy, 2, saved.state,
-                   jax.random.key_data(steps.run_keys(config.seed)[1]), config)
+                   jax.random.key_data(steps.run_keys(config.seed)[1]), config,
+                   model=checkpoint.MODEL_API)
   again = restore(small_copy, config)
   assert again.epoch == 2 and 'checkpoint_min_seconds' not in again.config
   assert evaluation.restore_run(RunDirectory(small_copy))[1].epoch == 2  # Under its own config.
@@ -515,11 +543,8 @@ def test_an_intact_checkpoint_whose_run_key_is_not_the_seeds_is_refused_and_move
     small_copy):
   """What code that derives its run key otherwise saves: its data order and dropout are others."""
   config = make_config(**SMALL)
-  newest = restore(small_copy, config)
-  shutil.rmtree(small_copy / '3')
-  save_the_old_way(small_copy, 3, newest.state,
-                   jax.random.key_data(steps.run_keys(config.seed + 1)[1]), config)
-  before = snapshot(small_copy)
+  before = resave_newest_the_old_way(small_copy, config, config.seed + 1,
+                                     model=checkpoint.MODEL_API)
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(config, RunDirectory(small_copy))
   message = str(error.value)

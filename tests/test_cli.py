@@ -94,6 +94,8 @@ BAD_CONFIGS = {
     'seed that a JAX key cannot tell from 0': (dict(seed=2**32), 'seed', '4294967296',
                                                '--config.seed=0'),
     'negative seed': (dict(seed=-1), 'seed', '-1', '--config.seed=0'),
+    'all of a label smoothed away': (dict(label_smoothing=1.0), 'label_smoothing', '1.0',
+                                     '--config.label_smoothing=0.1'),
 }
 
 

@@ -3,7 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import nnx
 
 from mlp import steps
 from mlp.model import MLP, dropout
@@ -12,22 +14,22 @@ from tests.conftest import make_config
 
 
 def test_mlp_output_shape_and_parameter_shapes():
-  model = MLP(hidden_sizes=(32, 16), dropout_rate=0.0)
-  params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28)))['params']
-  logits = model.apply({'params': params}, jnp.ones((5, 28, 28)))
-  assert logits.shape == (5, 10)
-  assert [params[f'Dense_{i}']['kernel'].shape for i in range(3)] == [(784, 32), (32, 16), (16, 10)]
+  model = MLP((32, 16), rngs=nnx.Rngs(params=jax.random.key(0)))
+  assert model(jnp.ones((5, 28, 28))).shape == (5, 10)
+  _, params = nnx.split(model, nnx.Param)
+  kernels = [layer.kernel.value.shape for layer in (*model.hidden, model.out)]
+  assert kernels == [(784, 32), (32, 16), (16, 10)]
+  assert len(jax.tree.leaves(params)) == 6  # A kernel and a bias per layer, nothing else.
 
 
 def test_dropout_only_changes_training_outputs():
-  model = MLP(hidden_sizes=(64,), dropout_rate=0.5)
+  model = MLP((64,), dropout_rate=0.5, rngs=nnx.Rngs(params=jax.random.key(0)))
   x = jax.random.normal(jax.random.key(1), (4, 784))
-  params = model.init(jax.random.key(0), x)['params']
-  evaluated = [model.apply({'params': params}, x) for _ in range(2)]
+  evaluated = [model(x) for _ in range(2)]
   np.testing.assert_array_equal(evaluated[0], evaluated[1])
-  trained = [model.apply({'params': params}, x, train=True, rngs={'dropout': jax.random.key(k)})
-             for k in (1, 2)]
+  trained = [model(x, jax.random.key(k)) for k in (1, 2)]
   assert not np.allclose(trained[0], trained[1])
+  np.testing.assert_array_equal(model(x, jax.random.key(1)), trained[0])  # The key decides.
 
 
 def test_dropout_keeps_the_rounded_fraction_scaled_by_its_inverse_and_follows_its_key():
@@ -43,16 +45,16 @@ def test_dropout_keeps_the_rounded_fraction_scaled_by_its_inverse_and_follows_it
 
 
 def test_bfloat16_computes_in_bfloat16_over_float32_parameters():
-  model = MLP(hidden_sizes=(32,), dtype='bfloat16')
+  model = MLP((32,), dtype='bfloat16', rngs=nnx.Rngs(params=jax.random.key(0)))
   x = jnp.ones((2, 784))
-  params = model.init(jax.random.key(0), x)['params']
+  graphdef, params = nnx.split(model, nnx.Param)
   assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
-  jaxpr = jax.make_jaxpr(lambda p: model.apply({'params': p}, x))(params)
+  jaxpr = jax.make_jaxpr(lambda p: nnx.merge(graphdef, p)(x))(params)
   dots = [e for e in jaxpr.eqns if e.primitive.name == 'dot_general']
   assert len(dots) == 2 and all(e.outvars[0].aval.dtype == jnp.bfloat16 for e in dots)
-  assert model.apply({'params': params}, x).dtype == jnp.float32  # The loss sees float32.
-  float32 = MLP(hidden_sizes=(32,)).apply({'params': params}, x)
-  np.testing.assert_allclose(model.apply({'params': params}, x), float32, rtol=0.05, atol=0.05)
+  assert model(x).dtype == jnp.float32  # The loss sees float32.
+  float32 = nnx.merge(nnx.split(MLP((32,), rngs=nnx.Rngs(params=0)))[0], params)
+  np.testing.assert_allclose(model(x), float32(x), rtol=0.05, atol=0.05)
 
 
 def test_batch_metrics_on_hand_computed_logits():
@@ -97,3 +99,15 @@ def test_every_optimizer_follows_warmup_then_cosine_decay(name):
   assert sizes[0] == 0.0  # Warmup starts from a zero learning rate.
   assert max(sizes) == pytest.approx(max(sizes[8:12]), rel=0.3)  # Peak at the end of warmup.
   assert sizes[-1] < 0.05 * max(sizes)  # Cosine decay reaches ~0 at the last step.
+
+
+def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
+  logits = jnp.zeros((1, 10)).at[0, 3].set(2.0)
+  labels = jnp.array([3])
+  log_p = jax.nn.log_softmax(logits)[0]
+  # Targets: 0.9 + 0.1 / 10 on class 3, 0.1 / 10 on each other class.
+  expected = -(0.91 * log_p[3] + 0.01 * (jnp.sum(log_p) - log_p[3]))
+  np.testing.assert_allclose(steps.smoothed_losses(logits, labels, 0.1)[0], expected, rtol=1e-6)
+  plain = steps.smoothed_losses(logits, labels, 0.0)
+  np.testing.assert_array_equal(plain, optax.softmax_cross_entropy_with_integer_labels(logits,
+                                                                                       labels))

@@ -119,7 +119,7 @@ def test_padded_evaluation_scores_every_example_once(mnist_dir):
   sums = jax.device_get(run.programs.evaluate(on_mesh, run.eval_data))
   assert int(sums['count']) == 1999
   images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
-  logits = state.apply_fn({'params': state.params}, images)
+  logits = state.model()(images)
   assert int(sums['correct']) == int(np.sum(np.argmax(logits, -1) == examples.labels))
   reference = steps.batch_metrics(logits, examples.labels)
   np.testing.assert_allclose(sums['loss'], reference['loss'], rtol=1e-5)

@@ -33,6 +33,8 @@ STATE, META = 'state', 'meta'
 META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpoints have.
 META_FILE = f'{META}/{META_NAME}'
 DAMAGED_PREFIX = 'damaged-epoch-'
+MODEL_API = 'flax.nnx'  # Written with each checkpoint: the state's layout is that of an NNX model.
+LAST_LINEN_COMMIT = '0c175b1'  # The app's last commit with the Linen model.
 OTHER_CODE = 'resume it with the code that saved it, or pass a new --workdir to start another run'
 STATE_FILE = f'{STATE}/{ocp.path.format_utils.PYTREE_METADATA_FILE}'  # Every state has it.
 
@@ -274,7 +276,7 @@ class Checkpoints(ClosedOnExit):
                                        lambda index: self._run_key[index])
     tree = saved_tree(state, rng)
     # A copy of our own: the next epoch takes over the state's device buffers.
-    meta = _MetaSave({'epoch': epoch, 'config': self._config},
+    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API},
                      jax.tree.map(np.array, jax.device_get(tree)))
     with self._writing():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
@@ -325,8 +327,8 @@ class Checkpoints(ClosedOnExit):
       except _Damaged as damage:
         damaged.append((epoch, str(damage)))
         continue
-      state = template.replace(step=tree['step'], params=tree['params'],
-                               opt_state=tree['opt_state'])
+      state = dataclasses.replace(template, step=tree['step'], params=tree['params'],
+                                  opt_state=tree['opt_state'])
       return Restored(epoch, state, meta['config'], tuple(damaged), time.perf_counter() - start)
     _none_restores(self.directory, damaged)
     return None
@@ -336,6 +338,11 @@ class Checkpoints(ClosedOnExit):
     meta = self._read(epoch, 'metadata', lambda: _read_meta(self._run_dir, epoch))
     if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
       raise _Damaged('its metadata lacks the fingerprint or the config')
+    if meta.get('model') != MODEL_API:  # Only checkpoints of the Linen model lack it.
+      raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds the parameters '
+                      'of the Flax Linen model this app had until 2026-11, which its Flax NNX '
+                      'model does not load; pass a new --workdir to train anew, or resume it with '
+                      f'the app from before (git checkout {LAST_LINEN_COMMIT})')
     config_rules.check_resumable(meta['config'], self._config,
                                  f'the checkpoint of epoch {epoch} in {self.directory}')
     args = ocp.args.PyTreeRestore(item=target, restore_args=(

@@ -32,8 +32,9 @@ FREE_FIELDS = frozenset({
     'checkpoint_min_seconds', 'max_checkpoints_to_keep', 'parallel', 'num_devices',
     'profile_epoch', 'data.dir', 'data.tfds_data_dir', 'data.eval_split'})
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
-DEFAULTS_OF_NEWER_FIELDS = {'dtype': 'float32', **{f'data.distort.{name}': value for name, value in
-                                                   dataclasses.asdict(Distortion()).items()}}
+DEFAULTS_OF_NEWER_FIELDS = {
+    'dtype': 'float32', 'label_smoothing': 0.0,
+    **{f'data.distort.{name}': value for name, value in dataclasses.asdict(Distortion()).items()}}
 
 
 def _is_int(value) -> bool:
@@ -64,6 +65,8 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
   widths = config.model.hidden_sizes
   if not all(_is_int(w) and w > 0 for w in widths):
     raise ConfigError('model.hidden_sizes', 'must be positive integers', widths, '"(512, 512)"')
+  if not 0 <= config.label_smoothing < 1:
+    raise ConfigError('label_smoothing', 'must be in [0, 1)', config.label_smoothing, '0.1')
   if not 0 <= config.model.dropout_rate < 1:
     raise ConfigError('model.dropout_rate', 'must be in [0, 1)', config.model.dropout_rate, '0.2')
   shift = config.data.max_shift

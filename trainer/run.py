@@ -122,7 +122,8 @@ def _programs(config: ml_collections.ConfigDict, placement: Placement, state: An
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_inputs is not None:
       spec = epoch.EpochSpec(config.batch_size, config.data.max_shift,
-                             augment.Distortion(**config.data.distort), axis)
+                             augment.Distortion(**config.data.distort), axis,
+                             config.label_smoothing)
       train = _compile(functools.partial(epoch.train_epoch, spec=spec), mesh, mode,
                        (state, *train_inputs, np.int32(0)), donate=True)
     evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
@@ -136,7 +137,7 @@ def _programs(config: ml_collections.ConfigDict, placement: Placement, state: An
 
 class Learning(NamedTuple):
   """The config's recipe as the plain values mlp/ takes: mlp/ knows nothing of configs."""
-  model: MLP
+  model: Callable[..., MLP]  # Builds the model, given its nnx.Rngs.
   schedule: optax.Schedule
   optimizer: optax.GradientTransformation
 
@@ -146,8 +147,8 @@ def learning(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Learnin
   total = max(config.num_epochs * steps_per_epoch, 1)
   warmup = min(int(round(config.warmup_epochs * steps_per_epoch)), total - 1)
   schedule = optim.learning_rate_schedule(config.learning_rate, config.schedule, warmup, total)
-  model = MLP(hidden_sizes=tuple(config.model.hidden_sizes),
-              dropout_rate=config.model.dropout_rate, dtype=config.dtype)
+  model = functools.partial(MLP, tuple(config.model.hidden_sizes),
+                            dropout_rate=config.model.dropout_rate, dtype=config.dtype)
   return Learning(model, schedule, optim.make_optimizer(config.optimizer, schedule,
                                                         config.weight_decay, config.momentum))
 
