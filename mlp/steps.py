@@ -60,7 +60,7 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None =
 
 
 def smoothed_losses(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
-  """Cross-entropy against labels that keep 1 - `smoothing` of their mass, the rest spread evenly."""
+  """Cross-entropy against labels keeping 1 - `smoothing` of their mass, the rest spread evenly."""
   if not smoothing:  # The integer-label form: the same bits as before smoothing was a choice.
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
