@@ -1,4 +1,4 @@
-"""The Flax MLP classifier, computing in float32 or bfloat16 over float32 parameters."""
+"""The Flax NNX MLP classifier, computing in float32 or bfloat16 over float32 parameters."""
 
 import functools
 from collections.abc import Sequence
