@@ -44,7 +44,8 @@ class BernoulliDropoutMLP(MLP):
         keep = jax.random.bernoulli(jax.random.fold_in(dropout_key, index),
                                     1 - self.dropout_rate, x.shape)
         x = jnp.where(keep, x / (1 - self.dropout_rate), 0)
-    return self.out(x)
+    logits = self.out(x)
+    return logits if self.compute_dtype is None else logits.astype(jnp.float32)
 
 
 def make_runs(config: ml_collections.ConfigDict,
@@ -52,7 +53,8 @@ def make_runs(config: ml_collections.ConfigDict,
   """The three variants, compiled from the same fresh state; the rbg one keyed by rbg throughout."""
   model_dropout = workload.TrainerRun(config, examples)
   model = BernoulliDropoutMLP(tuple(config.model.hidden_sizes),
-                              dropout_rate=config.model.dropout_rate, rngs=nnx.Rngs(params=0))
+                              dropout_rate=config.model.dropout_rate, dtype=config.dtype,
+                              rngs=nnx.Rngs(params=0))
   start = dataclasses.replace(model_dropout.start_state, graphdef=nnx.graphdef(model))
   # A copy each: an epoch donates the state it starts from.
   mesh = model_dropout.mesh

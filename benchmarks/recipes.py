@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
   if unknown:
     fail(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}', 2)
   runs = [(_CONFIG.value, recipe) for recipe in _RECIPES.value]
-  runs += [(config_file, 'config') for config_file in _ALSO.value]
+  runs = list(dict.fromkeys([*runs, *((config_file, 'config') for config_file in _ALSO.value)]))
   print(f'splits {_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
   print(f'{"config":<22}{"recipe":<14}{"seed":>6}{"eval accuracy":>16}{"seconds":>10}', flush=True)
   results: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}

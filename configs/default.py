@@ -31,7 +31,7 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   config.weight_decay = 1e-4  # For optimizer=adamw.
   config.schedule = 'cosine'  # constant | cosine (decays to zero at the last step).
   config.warmup_epochs = 1.0
-  config.label_smoothing = 0.0  # Of the training loss: 0.1 keeps 90% of a label's mass.
+  config.label_smoothing = 0.0  # Of the training loss: 0.1 spreads 10% of each label over all ten.
   config.parallel = 'auto'  # auto | jit | mesh | pmap (auto: mesh when there are several devices).
   config.num_devices = 0  # Devices the run must find, all processes together; 0: those present.
   config.checkpoint_every_epochs = 1  # And always at the end of the run and when stopped by a signal.

@@ -17,8 +17,11 @@ Metrics = dict[str, jax.Array]
 
 @struct.dataclass
 class TrainState:
-  """Flax NNX's functional form of a model in training: what a step changes as arrays (a pytree to
-  jit, scan, shard and checkpoint), and how to rebuild the model from them as static fields."""
+  """NNX's functional form of a model in training: arrays to jit, scan, shard and checkpoint.
+
+  The step count, parameters and optimizer state are the pytree; how to rebuild the model from its
+  parameters (the graphdef) and the optimizer are static fields.
+  """
   step: jax.Array | int
   params: nnx.State  # The model's nnx.Param state, split from it once.
   opt_state: optax.OptState
@@ -30,6 +33,7 @@ class TrainState:
     return nnx.merge(self.graphdef, self.params if params is None else params)
 
   def apply_gradients(self, grads: nnx.State) -> 'TrainState':
+    """One optax update: the next step's state (a new value, as jit and scan want)."""
     updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
     return dataclasses.replace(self, step=self.step + 1, opt_state=opt_state,
                                params=optax.apply_updates(self.params, updates))

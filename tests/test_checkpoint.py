@@ -244,7 +244,7 @@ def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
 # Failures of a read that say nothing about the checkpoint's files, with what the user is told.
 TRANSIENT = {
     'EIO': (OSError(errno.EIO, 'Input/output error'), 'OSError: [Errno 5] Input/output error'),
-    'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading "params.Dense_0.kernel/0.0" in '
+    'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading "params.hidden.0.kernel.value/0.0" in '
                                   'OCDBT database'), 'ValueError: DEADLINE_EXCEEDED'),
     'out of memory': (MemoryError(), 'MemoryError'),
 }
@@ -700,7 +700,7 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   def hook(exception: Exception) -> None:
     sys.unraisablehook(type('Unraisable', (), {'exc_value': exception, 'object': None}))
 
-  write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.Dense_0.bias/0" at local file '
+  write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.hidden.0.bias.value/0" at local file '
                      f'"{tmp_path}/run/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
   read = Exception('Encountered error while reading array index: (slice(0, 512, 1),). See full '
                    f"TensorStore details: {{'path': '{tmp_path}/run/3/state/'}}")

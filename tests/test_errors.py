@@ -12,7 +12,7 @@ TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/oc
 
 @pytest.mark.parametrize('error, reason', [
     (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 'No space left on device'),
-    (ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.Dense_0.bias/0" in OCDBT database: '
+    (ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.hidden.0.bias.value/0" in OCDBT database: '
                 f'Failed writing: "{TENSORSTORE_PATH}": Failed to write 395387 bytes to file 5: No '
                 "space left on device [os_error_code='28']"), 'No space left on device'),
     (ValueError(f'PERMISSION_DENIED: Error opening file: "{TENSORSTORE_PATH}": Failed to open: '

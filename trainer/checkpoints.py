@@ -57,7 +57,11 @@ def saved_tree(state: steps.TrainState, rng_data: Any) -> dict[str, Any]:
 
 
 def fingerprint(tree: Any) -> str:
-  """SHA-256 over every leaf's path, dtype, shape and bytes: any changed value changes it."""
+  """SHA-256 over every leaf's path, dtype, shape and bytes: any changed value changes it.
+
+  The paths are JAX's of the NNX state (`['params']['hidden'][0]['kernel'].value`): a Flax release
+  that flattened its Variables otherwise would make intact checkpoints read as damaged.
+  """
   digest = hashlib.sha256()
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     array = np.ascontiguousarray(leaf)
