@@ -2,6 +2,7 @@
 
   python -m benchmarks.profile_epoch [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
       [--parallel=jit|mesh] [--data=idx|synthetic]
+  python -m benchmarks.profile_epoch --ablate [--repeats=11]
 
 Traces the trainer's epoch (the run set-up's compiled program the throughput benchmark times), adds up
 the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
@@ -9,10 +10,16 @@ op names of the compiled program: the MLP's matmuls, the dropout (random bits an
 optimizer update (`jax.named_scope('optimizer')` in mlp/steps.py), the rest of the model, and the
 loss, metrics, batch gather and loop bookkeeping. The trace is kept with --trace_dir for
 TensorBoard's profile plugin or Perfetto.
+
+Op times overlap when XLA runs ops side by side on several threads, and they leave out what an op
+does to the next one's caches. --ablate instead times the epoch's wall clock as configured, without
+dropout, with plain SGD in place of the optimizer, with neither, and the MLP's matmuls alone
+(as benchmarks.throughput does), interleaved: what each part adds to an epoch as it runs.
 """
 
 import collections
 import glob
+import statistics
 import re
 import tempfile
 
@@ -29,7 +36,15 @@ from mlp import batches
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
 _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
+_ABLATE = flags.DEFINE_bool('ablate', False, 'Instead of a trace: wall time per epoch with parts '
+                             'of the step removed, interleaved.')
+_REPEATS = flags.DEFINE_integer('repeats', 11, 'With --ablate: timed epochs of each variant.')
 _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default: a temporary folder).')
+
+# The variants --ablate times: config overrides that remove a part of the step.
+ABLATIONS = {'as configured': {}, 'dropout off': {'model.dropout_rate': 0.0},
+             'SGD for the optimizer': {'optimizer': 'sgd'},
+             'dropout off, SGD': {'model.dropout_rate': 0.0, 'optimizer': 'sgd'}}
 
 # Ops that only hold other ops: their children are counted instead.
 CONTAINERS = ('while', 'conditional', 'call')
@@ -143,6 +158,30 @@ def report(totals: collections.Counter, ops: dict[str, tuple[str, str]], seconds
   return '\n'.join(lines)
 
 
+def ablate(config: ml_collections.ConfigDict, examples: Examples, repeats: int) -> str:
+  """Median wall time per epoch of each of ABLATIONS and of the matmuls alone, as a table."""
+  epochs = {}
+  for name, overrides in ABLATIONS.items():
+    variant = config.copy_and_resolve_references()
+    variant.update_from_flattened_dict(overrides)
+    epochs[name] = (lambda run: lambda epoch: run.epoch(epoch)[0])(
+        workload.TrainerRun(variant, examples))
+  alone = workload.MatmulsAloneRun(config, examples, workload.TrainerRun(config, examples))
+  epochs["the MLP's matmuls alone"] = alone.epoch
+  times: dict[str, list[float]] = collections.defaultdict(list)
+  for epoch in range(1, repeats + 1):  # Interleaved: load from other processes hits all alike.
+    for name, run in epochs.items():
+      times[name].append(run(epoch))
+  medians = {name: statistics.median(seconds) for name, seconds in times.items()}
+  floor = medians["the MLP's matmuls alone"]
+  lines = [f'{config.optimizer}, dropout {config.model.dropout_rate}, batch {config.batch_size}; '
+           f'median of {repeats} interleaved epochs each', '',
+           f'{"epoch":>9s} {"matmuls alone / epoch":>22s}  variant']
+  for name, seconds in medians.items():
+    lines.append(f'{seconds * 1e3:6.1f} ms {floor / seconds:22.1%}  {name}')
+  return '\n'.join(lines)
+
+
 def main(argv: list[str]) -> None:
   del argv
   try:
@@ -150,6 +189,11 @@ def main(argv: list[str]) -> None:
       raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
     config = workload.benchmark_config()
     examples, description = workload.load_images()
+    if _ABLATE.value:
+      if _REPEATS.value < 1:
+        raise UserError(f'--repeats={_REPEATS.value}: time at least one epoch of each')
+      print(ablate(config, examples, _REPEATS.value), flush=True)
+      return
     trainer = workload.TrainerRun(config, examples)
     ops = compiled_ops(trainer)
     untraced = min(trainer.epoch(epoch)[0] for epoch in range(1, 4))

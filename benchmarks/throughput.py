@@ -102,45 +102,6 @@ class LoopRun:
     return self._state.params
 
 
-class MatmulsAloneRun:
-  """Only the MLP's matmuls, forward and backward, at the batch's shapes, scanned over an epoch:
-  what the trainer would reach if the bias, ReLU, loss, dropout and optimizer cost nothing."""
-
-  def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
-               trainer: workload.TrainerRun):
-    model = trainer.start_state.model()  # Its layers in order; kernels in the compute dtype.
-    self._kernels = [layer.kernel.value.astype(config.dtype)
-                     for layer in (*model.hidden, model.out)]
-    self._images = jax.device_put(examples.images)
-    self._epoch = jax.jit(functools.partial(self._matmuls, batch_size=config.batch_size))
-    self._seed_key = trainer.run_key
-    jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, 0))
-
-  @staticmethod
-  def _matmuls(kernels: list[jax.Array], images: jax.Array, seed_key: jax.Array, epoch: jax.Array,
-               *, batch_size: int) -> jax.Array:
-    plan, _ = epoch_lib.epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size)
-
-    def body(carry, indices):
-      # The carry (a scalar of the last step's gradients) keeps XLA from hoisting any step.
-      activations = [jnp.take(images, indices, axis=0).astype(kernels[0].dtype) + carry]
-      for kernel in kernels:
-        activations.append(activations[-1] @ kernel)
-      delta, total = activations.pop(), 0.0
-      for layer in reversed(range(len(kernels))):
-        total += jnp.sum(activations[layer].T @ delta)  # Weight gradient.
-        if layer:
-          delta = delta @ kernels[layer].T  # Input gradient, not needed for the pixels.
-      return 1e-30 * total, None
-
-    return jax.lax.scan(body, jnp.zeros((), kernels[0].dtype), plan)[0]
-
-  def epoch(self, epoch: int) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(self._epoch(self._kernels, self._images, self._seed_key, epoch))
-    return time.perf_counter() - start
-
-
 class MatmulRun:
   """The machine's matmul rate on one large square product, in the config's compute dtype."""
 
@@ -228,7 +189,7 @@ def run(config: ml_collections.ConfigDict, examples: Examples, repeats: int,
   steps_per_epoch = batches.whole_batches(len(examples), config.batch_size)
   trainer = workload.TrainerRun(config, examples)
   loop = LoopRun(config, examples, trainer)
-  matmuls_alone = MatmulsAloneRun(config, examples, trainer)
+  matmuls_alone = workload.MatmulsAloneRun(config, examples, trainer)
   matmul = MatmulRun(matmul_size, config.dtype)
   check = same_training(trainer, loop, epoch=1)
 

@@ -16,6 +16,7 @@ import jax.extend
 import jax.numpy as jnp
 import pytest
 
+from benchmarks.profile_epoch import ABLATIONS
 from mlp import steps
 from trainer.run import create_state
 from tests.conftest import ROOT, make_config, on_devices
@@ -164,3 +165,17 @@ def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
   assert figures['modes']['pmap']['placement'].startswith('pmap on 8 cpu devices, 8 per device')
   assert figures['mesh_over_pmap'] == pytest.approx(medians['mesh'] / medians['pmap'])
   assert f'mesh / pmap epoch time: {figures["mesh_over_pmap"]:.3f}' in lines
+
+
+@pytest.mark.slow
+def test_ablation_times_each_variant_against_the_matmuls_alone(mnist_dir):
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.profile_epoch', '--ablate', '--repeats=1',
+                        '--batch_size=32', '--num_images=64', f'--data_dir={mnist_dir}'],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  rows = {match.group(3): (float(match.group(1)), float(match.group(2)))
+          for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', out.stdout, re.M)}
+  assert list(rows) == [*ABLATIONS, "the MLP's matmuls alone"]
+  floor = rows["the MLP's matmuls alone"][0]
+  for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's.
+    assert share == pytest.approx(100 * floor / milliseconds, abs=0.1 + 5 * share / milliseconds)
