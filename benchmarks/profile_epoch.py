@@ -22,6 +22,7 @@ import glob
 import statistics
 import re
 import tempfile
+from typing import NamedTuple
 
 from absl import app
 from absl import flags
@@ -126,10 +127,18 @@ def op_times(trace_dir: str, ops: dict[str, tuple[str, str]]) -> collections.Cou
   return totals
 
 
-def report(totals: collections.Counter, ops: dict[str, tuple[str, str]], seconds: list[float],
-           untraced: float, top: int, config: ml_collections.ConfigDict, examples: Examples,
-           description: str) -> str:
+class Trace(NamedTuple):
+  """What the traced epochs measured."""
+  totals: collections.Counter  # Nanoseconds per op, from op_times.
+  ops: dict[str, tuple[str, str]]  # The program's ops, from compiled_ops.
+  seconds: list[float]  # Each traced epoch's.
+  untraced: float  # The fastest untraced epoch's seconds.
+
+
+def report(trace: Trace, config: ml_collections.ConfigDict, examples: Examples, description: str,
+           top: int) -> str:
   """Op time per epoch by group, then the costliest ops."""
+  totals, ops, seconds, untraced = trace
   epochs = len(seconds)
   per_epoch_ms = lambda ns: ns / epochs / 1e6
   op_total = sum(totals.values())
@@ -203,7 +212,8 @@ def main(argv: list[str]) -> None:
       totals = op_times(trace_dir, ops)
   except UserError as error:
     fail(str(error), 1)
-  print(report(totals, ops, seconds, untraced, _TOP.value, config, examples, description), flush=True)
+  print(report(Trace(totals, ops, seconds, untraced), config, examples, description, _TOP.value),
+        flush=True)
 
 
 if __name__ == '__main__':

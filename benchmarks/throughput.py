@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from absl import app
 from absl import flags
@@ -219,9 +219,18 @@ def _range(values: dict[str, float], fmt: str) -> str:
   return f'{values["median"]:{fmt}} [{values["min"]:{fmt}} .. {values["max"]:{fmt}}]'
 
 
-def _table(figures: dict, config: ml_collections.ConfigDict, description: str,
-           loads: tuple[float, float], repeats: int, matmul_size: int) -> list[str]:
+class Setting(NamedTuple):
+  """What a table reports on, beside its figures."""
+  config: ml_collections.ConfigDict
+  description: str  # Of the images, for the table's first line.
+  loads: tuple[float, float]  # The load average before and after.
+  repeats: int
+  matmul_size: int
+
+
+def _table(figures: dict, setting: Setting) -> list[str]:
   """The rows of images/s, then the ratios that explain them."""
+  config, description, loads, repeats, matmul_size = setting
   widths = '-'.join(str(w) for w in (784, *config.model.hidden_sizes, 10))
   device, check = jax.devices()[0], figures['check']
   epoch = lambda rates: figures['images_per_epoch'] / rates['median']
@@ -269,10 +278,9 @@ def _startup_line(startup: dict[str, float | bool]) -> str:
           f'{"among them" if startup["tensorflow_imported"] else "not"}')
 
 
-def _summary(figures: dict, config: ml_collections.ConfigDict, description: str,
-             startup: dict[str, float | bool] | None, loads: tuple[float, float],
-             repeats: int) -> dict:
+def _summary(figures: dict, setting: Setting, startup: dict[str, float | bool] | None) -> dict:
   """The table's medians and spreads as one JSON object, for scripts comparing runs."""
+  config, description, loads, repeats, _ = setting
   from_startup = lambda key: startup[key] if startup else None
   return {
       'trainer_images_per_second': figures['trainer']['median'],
@@ -304,14 +312,12 @@ def _summary(figures: dict, config: ml_collections.ConfigDict, description: str,
   }
 
 
-def report(figures: dict, config: ml_collections.ConfigDict, description: str,
-           startup: dict[str, float | bool] | None, loads: tuple[float, float], repeats: int,
-           matmul_size: int) -> str:
+def report(figures: dict, setting: Setting, startup: dict[str, float | bool] | None) -> str:
   """The table and, as its last line, the JSON object."""
-  lines = _table(figures, config, description, loads, repeats, matmul_size)
+  lines = _table(figures, setting)
   if startup is not None:
     lines.append(_startup_line(startup))
-  summary = _summary(figures, config, description, startup, loads, repeats)
+  summary = _summary(figures, setting, startup)
   return '\n'.join(lines + ['', json.dumps(summary)])
 
 
@@ -389,8 +395,9 @@ def main(argv: list[str]) -> None:
     figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
   except UserError as error:
     fail(str(error), 1)
-  print(report(figures, config, description, startup, (load_before, os.getloadavg()[0]),
-               _REPEATS.value, _MATMUL_SIZE.value), flush=True)
+  setting = Setting(config, description, (load_before, os.getloadavg()[0]), _REPEATS.value,
+                    _MATMUL_SIZE.value)
+  print(report(figures, setting, startup), flush=True)
 
 
 if __name__ == '__main__':
