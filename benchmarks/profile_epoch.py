@@ -18,10 +18,12 @@ dropout, with plain SGD in place of the optimizer, with neither, and the MLP's m
 """
 
 import collections
+import functools
 import glob
-import statistics
 import re
+import statistics
 import tempfile
+from collections.abc import Callable
 from typing import NamedTuple
 
 from absl import app
@@ -46,6 +48,7 @@ _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default:
 ABLATIONS = {'as configured': {}, 'dropout off': {'model.dropout_rate': 0.0},
              'SGD for the optimizer': {'optimizer': 'sgd'},
              'dropout off, SGD': {'model.dropout_rate': 0.0, 'optimizer': 'sgd'}}
+MATMULS_ALONE = "the MLP's matmuls alone"  # The row every variant is compared with.
 
 # Ops that only hold other ops: their children are counted instead.
 CONTAINERS = ('while', 'conditional', 'call')
@@ -169,25 +172,25 @@ def report(trace: Trace, config: ml_collections.ConfigDict, examples: Examples, 
 
 def ablate(config: ml_collections.ConfigDict, examples: Examples, repeats: int) -> str:
   """Median wall time per epoch of each of ABLATIONS and of the matmuls alone, as a table."""
-  epochs = {}
+  trainers = {}
   for name, overrides in ABLATIONS.items():
     variant = config.copy_and_resolve_references()
     variant.update_from_flattened_dict(overrides)
-    epochs[name] = (lambda run: lambda epoch: run.epoch(epoch)[0])(
-        workload.TrainerRun(variant, examples))
-  alone = workload.MatmulsAloneRun(config, examples, workload.TrainerRun(config, examples))
-  epochs["the MLP's matmuls alone"] = alone.epoch
+    trainers[name] = workload.TrainerRun(variant, examples)
+  epochs: dict[str, Callable[[int], float]] = {
+      name: functools.partial(lambda run, epoch: run.epoch(epoch)[0], run)
+      for name, run in trainers.items()}
+  epochs[MATMULS_ALONE] = workload.MatmulsAloneRun(config, examples, trainers['as configured']).epoch
   times: dict[str, list[float]] = collections.defaultdict(list)
   for epoch in range(1, repeats + 1):  # Interleaved: load from other processes hits all alike.
     for name, run in epochs.items():
       times[name].append(run(epoch))
   medians = {name: statistics.median(seconds) for name, seconds in times.items()}
-  floor = medians["the MLP's matmuls alone"]
   lines = [f'{config.optimizer}, dropout {config.model.dropout_rate}, batch {config.batch_size}; '
            f'median of {repeats} interleaved epochs each', '',
            f'{"epoch":>9s} {"matmuls alone / epoch":>22s}  variant']
   for name, seconds in medians.items():
-    lines.append(f'{seconds * 1e3:6.1f} ms {floor / seconds:22.1%}  {name}')
+    lines.append(f'{seconds * 1e3:6.1f} ms {medians[MATMULS_ALONE] / seconds:22.1%}  {name}')
   return '\n'.join(lines)
 
 

@@ -16,7 +16,7 @@ import jax.extend
 import jax.numpy as jnp
 import pytest
 
-from benchmarks.profile_epoch import ABLATIONS
+from benchmarks.profile_epoch import ABLATIONS, MATMULS_ALONE
 from mlp import steps
 from trainer.run import create_state
 from tests.conftest import ROOT, make_config, on_devices
@@ -175,7 +175,7 @@ def test_ablation_times_each_variant_against_the_matmuls_alone(mnist_dir):
   assert out.returncode == 0, out.stderr
   rows = {match.group(3): (float(match.group(1)), float(match.group(2)))
           for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', out.stdout, re.M)}
-  assert list(rows) == [*ABLATIONS, "the MLP's matmuls alone"]
-  floor = rows["the MLP's matmuls alone"][0]
+  assert list(rows) == [*ABLATIONS, MATMULS_ALONE]
+  floor = rows[MATMULS_ALONE][0]
   for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's.
     assert share == pytest.approx(100 * floor / milliseconds, abs=0.1 + 5 * share / milliseconds)
