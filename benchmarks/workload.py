@@ -1,4 +1,5 @@
-"""What a benchmark trains, shared by its scripts: the flags, config, images, and the trainer's epoch."""
+"""What a benchmark trains, shared by its scripts: the flags, config, images, the trainer's epoch and
+the MLP's matmuls alone."""
 
 import functools
 import pathlib

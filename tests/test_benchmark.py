@@ -1,4 +1,4 @@
-"""benchmarks/throughput.py on a tiny setting: its JSON line, its FLOP count and its one-line errors.
+"""benchmarks/throughput.py and profile_epoch.py on a tiny setting: their figures and one-line errors.
 
 Timings here prove nothing (the sizes are tiny); the checks are on what could silently rot: the keys,
 figures that must agree with each other, the same-training check and the start-up probe.
@@ -177,5 +177,7 @@ def test_ablation_times_each_variant_against_the_matmuls_alone(mnist_dir):
           for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', out.stdout, re.M)}
   assert list(rows) == [*ABLATIONS, MATMULS_ALONE]
   floor = rows[MATMULS_ALONE][0]
-  for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's.
-    assert share == pytest.approx(100 * floor / milliseconds, abs=0.1 + 5 * share / milliseconds)
+  for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's,
+    # within what printing milliseconds to 0.1 and shares to 0.1% can round away.
+    rounding = 0.06 + share * 0.05 * (1 / floor + 1 / milliseconds)
+    assert share == pytest.approx(100 * floor / milliseconds, abs=rounding)
