@@ -43,17 +43,6 @@ REAL_SPLITS = {'data.source': 'idx', 'data.dir': str(MNIST_DIR),
 
 
 TIMINGS = ('epoch_seconds', 'train_images_per_second')
-# The files whose tests take longest, longest first (`pytest --durations=0`, summed per file). `make
-# test` hands whole files to its workers in collection order; starting these first lets the two
-# workers of a 2-core machine end together instead of one waiting on the last long file.
-LONGEST_FIRST = ('test_processes.py', 'test_checkpoint.py', 'test_cloud_storage.py',
-                 'test_benchmark.py', 'test_parallel.py', 'test_cli.py', 'test_trainer.py')
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-  """Collects LONGEST_FIRST's files first, in that order; the rest after them, as they were."""
-  rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:
