@@ -1,8 +1,7 @@
 """Where the trainer's epoch spends its time: a jax.profiler trace of compiled epochs, op by op.
 
   python -m benchmarks.profile_epoch [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
-      [--parallel=jit|mesh] [--data=idx|synthetic]
-  python -m benchmarks.profile_epoch --ablate [--repeats=11]
+      [--parallel=jit|mesh] [--data=idx|synthetic] [--ablate [--repeats=11]]
 
 Traces the trainer's epoch (the run set-up's compiled program the throughput benchmark times), adds up
 the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
@@ -12,9 +11,9 @@ loss, metrics, batch gather and loop bookkeeping. The trace is kept with --trace
 TensorBoard's profile plugin or Perfetto.
 
 Op times overlap when XLA runs ops side by side on several threads, and they leave out what an op
-does to the next one's caches. --ablate instead times the epoch's wall clock as configured, without
-dropout, with plain SGD in place of the optimizer, with neither, and the MLP's matmuls alone
-(as benchmarks.throughput does), interleaved: what each part adds to an epoch as it runs.
+does to the next one's caches. --ablate then also times the epoch's wall clock as configured,
+without dropout, with plain SGD in place of the optimizer, with neither, and the MLP's matmuls
+alone (as benchmarks.throughput does), interleaved: what each part adds to an epoch as it runs.
 """
 
 import collections
@@ -39,8 +38,8 @@ from mlp import batches
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
 _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
-_ABLATE = flags.DEFINE_bool('ablate', False, 'Instead of a trace: wall time per epoch with parts '
-                             'of the step removed, interleaved.')
+_ABLATE = flags.DEFINE_bool('ablate', False, 'After the trace: wall time per epoch with parts of '
+                             'the step removed, interleaved.')
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'With --ablate: timed epochs of each variant.')
 _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default: a temporary folder).')
 
@@ -170,14 +169,15 @@ def report(trace: Trace, config: ml_collections.ConfigDict, examples: Examples, 
   return '\n'.join(lines)
 
 
-def ablate(config: ml_collections.ConfigDict, examples: Examples, repeats: int) -> str:
+def ablate(trainer: workload.TrainerRun, config: ml_collections.ConfigDict, examples: Examples,
+           repeats: int) -> str:
   """Each part's cost as wall time, which op times miss: they overlap across threads and leave out
   what an op does to the next one's caches. A table of median epochs, ABLATIONS then the matmuls."""
-  trainers = {}
+  trainers = {}  # `trainer`, of the config as it is, serves the first row.
   for name, overrides in ABLATIONS.items():
     variant = config.copy_and_resolve_references()
     variant.update_from_flattened_dict(overrides)
-    trainers[name] = workload.TrainerRun(variant, examples)
+    trainers[name] = workload.TrainerRun(variant, examples) if overrides else trainer
   epochs: dict[str, Callable[[int], float]] = {
       name: functools.partial(lambda run, epoch: run.epoch(epoch)[0], run)
       for name, run in trainers.items()}
@@ -198,15 +198,12 @@ def ablate(config: ml_collections.ConfigDict, examples: Examples, repeats: int) 
 def main(argv: list[str]) -> None:
   del argv
   try:
+    if _EPOCHS.value < 1:
+      raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
     if _ABLATE.value and _REPEATS.value < 1:
       raise UserError(f'--repeats={_REPEATS.value}: time at least one epoch of each')
-    if not _ABLATE.value and _EPOCHS.value < 1:
-      raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
     config = workload.benchmark_config()
     examples, description = workload.load_images()
-    if _ABLATE.value:
-      print(ablate(config, examples, _REPEATS.value), flush=True)
-      return
     trainer = workload.TrainerRun(config, examples)
     ops = compiled_ops(trainer)
     untraced = min(trainer.epoch(epoch)[0] for epoch in range(1, 4))
@@ -214,10 +211,12 @@ def main(argv: list[str]) -> None:
       trace_dir = _TRACE_DIR.value or scratch
       seconds = trace_epochs(trainer, _EPOCHS.value, trace_dir)
       totals = op_times(trace_dir, ops)
+    print(report(Trace(totals, ops, seconds, untraced), config, examples, description, _TOP.value),
+          flush=True)
+    if _ABLATE.value:
+      print('', ablate(trainer, config, examples, _REPEATS.value), sep='\n', flush=True)
   except UserError as error:
     fail(str(error), 1)
-  print(report(Trace(totals, ops, seconds, untraced), config, examples, description, _TOP.value),
-        flush=True)
 
 
 if __name__ == '__main__':

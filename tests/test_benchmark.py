@@ -135,10 +135,11 @@ def test_bad_input_ends_in_one_line(args, expected):
 
 @pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != 'cpu', reason="the op groups are named for XLA:CPU's ops")
-def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
+def test_profile_attributes_every_op_of_the_epoch_to_a_group_and_times_each_part(mnist_dir):
   out = subprocess.run([sys.executable, '-m', 'benchmarks.profile_epoch', '--batch_size=32',
-                        '--num_images=640', '--epochs=1', f'--data_dir={mnist_dir}'], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+                        '--num_images=640', '--epochs=1', '--ablate', '--repeats=1',
+                        f'--data_dir={mnist_dir}'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
   assert out.returncode == 0, out.stderr
   table = out.stdout.split('group\n', 1)[1].split('\n\n', 1)[0]
   shares = {}
@@ -150,6 +151,16 @@ def test_profile_attributes_every_op_of_the_epoch_to_a_group(mnist_dir):
           'dropout: random bits and masks'} <= set(shares)
   assert 'not matched to the program' not in shares  # Trace events all named program ops.
   assert sum(shares.values()) == pytest.approx(100, abs=0.5)
+
+  # --ablate: each variant's epoch against the matmuls alone.
+  rows = {match.group(3): (float(match.group(1)), float(match.group(2)))
+          for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', out.stdout, re.M)}
+  assert list(rows) == [*ABLATIONS, MATMULS_ALONE]
+  floor = rows[MATMULS_ALONE][0]
+  for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's,
+    # within what printing milliseconds to 0.1 and shares to 0.1% can round away.
+    rounding = 0.06 + share * 0.05 * (1 / floor + 1 / milliseconds)
+    assert share == pytest.approx(100 * floor / milliseconds, abs=rounding)
 
 
 @pytest.mark.slow
@@ -165,19 +176,3 @@ def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
   assert figures['modes']['pmap']['placement'].startswith('pmap on 8 cpu devices, 8 per device')
   assert figures['mesh_over_pmap'] == pytest.approx(medians['mesh'] / medians['pmap'])
   assert f'mesh / pmap epoch time: {figures["mesh_over_pmap"]:.3f}' in lines
-
-
-@pytest.mark.slow
-def test_ablation_times_each_variant_against_the_matmuls_alone(mnist_dir):
-  out = subprocess.run([sys.executable, '-m', 'benchmarks.profile_epoch', '--ablate', '--repeats=1',
-                        '--batch_size=32', '--num_images=64', f'--data_dir={mnist_dir}'],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr
-  rows = {match.group(3): (float(match.group(1)), float(match.group(2)))
-          for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', out.stdout, re.M)}
-  assert list(rows) == [*ABLATIONS, MATMULS_ALONE]
-  floor = rows[MATMULS_ALONE][0]
-  for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's,
-    # within what printing milliseconds to 0.1 and shares to 0.1% can round away.
-    rounding = 0.06 + share * 0.05 * (1 / floor + 1 / milliseconds)
-    assert share == pytest.approx(100 * floor / milliseconds, abs=rounding)
