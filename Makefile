@@ -1,31 +1,47 @@
-# `make train` and `make test` create the virtual environment on first use (`make test` and
-# `make lint` add the tools of requirements-dev.txt).
+# `make train` and `make test` create the virtual environment on first use: `make train` the core
+# (requirements.txt), `make test` and `make lint` add the extras and the tools of requirements/.
 VENV ?= .venv
-PYTHON := $(VENV)/bin/python
+VENV_PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
+# The interpreter that creates the environment: python3 when it is 3.11 or newer, else the newest
+# python3.N that runs; `make PYTHON=/path/to/python3.12` chooses another.
+SUPPORTED := import sys; sys.exit(sys.hexversion < 0x30B0000)
+PYTHON ?= $(shell for p in python3 python3.14 python3.13 python3.12 python3.11; do \
+  $$p -c '$(SUPPORTED)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
+NO_PYTHON = error: this project needs Python 3.11 or newer, and $(or $(PYTHON),python3) is \
+  $(or $(shell $(or $(PYTHON),python3) --version 2>/dev/null),not found). Get one: python3 -m pip \
+  install --user uv && ~/.local/bin/uv python install 3.12 (Linux, a TPU VM's Ubuntu 22.04 too); \
+  brew install python@3.13 (macOS). Then rerun make, or name it: make PYTHON=~/.local/bin/python3.12
+# The accelerator's JAX plugin at the JAX version the lock chose: `make train ACCELERATOR=tpu` (or
+# cuda12) on a fresh clone; empty for the CPU.
+ACCELERATOR ?=
+REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt requirements/dev.txt
 
-.PHONY: train test test-fast test-numbers-every-isa lint clean-env
+.PHONY: train test test-fast test-numbers-every-isa lint lock clean-env
 
 $(VENV)/installed: requirements.txt
-	python3 -m venv $(VENV)
-	$(PYTHON) -m pip install --quiet --upgrade pip
-	$(PYTHON) -m pip install --quiet -r requirements.txt
+	$(if $(and $(PYTHON),$(shell $(PYTHON) -c '$(SUPPORTED)' 2>/dev/null && echo yes)),,$(error $(NO_PYTHON)))
+	$(PYTHON) -m venv $(VENV)
+	$(VENV_PYTHON) -m pip install --quiet --upgrade pip
+	$(VENV_PYTHON) -m pip install --quiet -r requirements.txt
+	[ -z "$(ACCELERATOR)" ] || $(VENV_PYTHON) -m pip install --quiet -r requirements.txt \
+	  "jax[$(ACCELERATOR)]==$$($(VENV_PYTHON) -c 'import jax; print(jax.__version__)')"
 	touch $@
 
-$(VENV)/installed-dev: $(VENV)/installed requirements-dev.txt
-	$(PYTHON) -m pip install --quiet -r requirements-dev.txt
+$(VENV)/installed-dev: $(VENV)/installed $(REQUIREMENTS)
+	$(VENV_PYTHON) -m pip install --quiet $(addprefix -r ,$(REQUIREMENTS))
 	touch $@
 
 train: $(VENV)/installed
-	$(PYTHON) train.py --config=$(CONFIG) $(ARGS)
+	$(VENV_PYTHON) train.py --config=$(CONFIG) $(ARGS)
 
 # One test file per worker, on every core (pytest-xdist).
 test: $(VENV)/installed-dev
-	$(PYTHON) -m pytest -q -n auto --dist=loadfile
+	$(VENV_PYTHON) -m pytest -q -n auto --dist=loadfile
 
 test-fast: $(VENV)/installed-dev
-	$(PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
+	$(VENV_PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
 
 # The numeric-contract tests compiled for each x86 instruction-set level this CPU offers, by XLA's
 # names (each sums floats in other orders); on another architecture, its native build only.
@@ -37,14 +53,24 @@ test-numbers-every-isa: $(VENV)/installed-dev
 	for level in $$levels; do \
 	  echo "numeric tests, XLA:CPU instruction set: $$level"; \
 	  isa=$$([ $$level = native ] || echo "--xla_cpu_max_isa=$$level"); \
-	  XLA_FLAGS="$(XLA_FLAGS) $$isa" $(PYTHON) -m pytest -q -n auto --dist=loadfile -m numeric \
+	  XLA_FLAGS="$(XLA_FLAGS) $$isa" $(VENV_PYTHON) -m pytest -q -n auto --dist=loadfile -m numeric \
 	    || exit 1; \
 	done
 
 # ruff (pyflakes, pycodestyle) over the repository and mypy over the code; settings in pyproject.toml.
 lint: $(VENV)/installed-dev
-	$(PYTHON) -m ruff check .
-	$(PYTHON) -m mypy
+	$(VENV_PYTHON) -m ruff check .
+	$(VENV_PYTHON) -m mypy
+
+# The pins, written again from requirements/*.in: one resolution, with markers, for Python 3.11 to
+# 3.14; each extra constrained by the files before it, so that they install together.
+UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 \
+  --custom-compile-command 'make lock'
+lock: $(VENV)/installed-dev
+	$(UV_COMPILE) requirements/core.in -o requirements.txt
+	constraints="-c requirements.txt"; for extra in tfds profile dev; do \
+	  $(UV_COMPILE) requirements/$$extra.in $$constraints -o requirements/$$extra.txt || exit 1; \
+	  constraints="$$constraints -c requirements/$$extra.txt"; done
 
 clean-env:
 	rm -rf $(VENV)

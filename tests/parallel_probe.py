@@ -26,13 +26,15 @@ from trainer.run_dir import RunDirectory
 # abrupt, and rarer with fewer units). With the default 2x512 units and dropout off that happened
 # in 1 of 4 seeds (5e-3 relative by epoch 2); with 2x64 in none of 6. So the test uses the smaller
 # model, and pins every optimizer setting rather than take defaults that are still being tuned.
+# Which seed jumps depends on the CPU: on an AMD EPYC (2026-11-26) seed 0 parted by 1.3e-3 with
+# JAX 0.10.2 and 0.12.0.1 alike, seeds 1-3 agreed within 2e-7 on both; so seed 1.
 # checkpoint_min_seconds=0: every due epoch saved, as the multi-process kills and resumes expect.
 SETTINGS = dict(num_epochs=2, checkpoint_min_seconds=0, model__dropout_rate=0.2, model__hidden_sizes=(64, 64),
                 data__train_split='train[:4096]', data__max_shift=1, data__distort__rotation=10.0,
                 data__distort__scale=0.1, data__distort__shear=5.0, data__distort__translate=1.5,
                 data__distort__elastic_alpha=20.0, data__distort__elastic_sigma=5.0, batch_size=128,
                 eval_batch_size=1000, optimizer='adamw', learning_rate=2e-3, weight_decay=1e-4,
-                schedule='cosine', warmup_epochs=1.0, seed=0)
+                schedule='cosine', warmup_epochs=1.0, seed=1)
 MODES = ('jit', 'mesh', 'pmap')
 # A constant learning rate, so that the same runs also serve as the checkpoints resumed across modes.
 RESUMABLE = {**SETTINGS, 'schedule': 'constant', 'warmup_epochs': 0}

@@ -692,9 +692,10 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
   def shown(message: str, exception: Exception) -> list[bool]:
-    """Whether each logger lets the error report through."""
-    return [logger.filter(logging.LogRecord(logger.name, logging.ERROR, 'x.py', 1, message, None,
-                                            (type(exception), exception, None)))
+    """Whether each logger lets the error report through (Python 3.12 on: the record, or False)."""
+    info = (type(exception), exception, None)
+    return [bool(logger.filter(logging.LogRecord(logger.name, logging.ERROR, 'x.py', 1, message,
+                                                 None, info)))
             for logger in loggers]
 
   def hook(exception: Exception) -> None:

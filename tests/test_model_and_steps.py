@@ -17,7 +17,7 @@ def test_mlp_output_shape_and_parameter_shapes():
   model = MLP((32, 16), rngs=nnx.Rngs(params=jax.random.key(0)))
   assert model(jnp.ones((5, 28, 28))).shape == (5, 10)
   _, params = nnx.split(model, nnx.Param)
-  kernels = [layer.kernel.value.shape for layer in (*model.hidden, model.out)]
+  kernels = [layer.kernel[...].shape for layer in (*model.hidden, model.out)]
   assert kernels == [(784, 32), (32, 16), (16, 10)]
   assert len(jax.tree.leaves(params)) == 6  # A kernel and a bias per layer, nothing else.
 

@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow_datasets as tfds
 
 from data import tfds_source
 from data.mnist import Examples, load_split, load_splits
@@ -17,6 +16,10 @@ from trainer import loop
 from trainer.run_dir import RunDirectory
 from errors import UserError
 from tests.conftest import make_config
+
+# The TFDS extra, which make test installs wherever TensorFlow has wheels (not yet Python 3.14).
+tfds = pytest.importorskip('tensorflow_datasets', reason='the TFDS extra is not installed: '
+                           'TensorFlow has no wheels for this Python')
 
 
 def tfds_config(tmp_path, **overrides):

@@ -79,7 +79,8 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     if jax.dtypes.issubdtype(getattr(leaf, 'dtype', None), jax.dtypes.prng_key):
       return jax.random.wrap_key_data(place(jax.random.key_data(leaf)))
     # A Python number (the fresh step) takes JAX's dtype for it: int32, not NumPy's int64.
-    host = np.asarray(leaf, dtype=jax.dtypes.canonicalize_dtype(np.result_type(leaf)))
+    host = np.asarray(leaf)
+    host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
   return jax.tree.map(place, tree)

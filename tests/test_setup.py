@@ -1,0 +1,71 @@
+"""The set-up on users' machines: the Python make chooses or refuses, and a missing extra's line."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, assert_fails_cleanly, override_flags
+
+MAKE = shutil.which('make')
+needs_make = pytest.mark.skipif(MAKE is None, reason='no make on this machine')
+
+
+def fake_python(folder: pathlib.Path, name: str, version: str) -> None:
+  """An interpreter that says it is `version`, and fails the project's check of its version."""
+  script = folder / name
+  script.write_text(f'#!/bin/sh\ncase "$*" in *--version*) echo "Python {version}";; '
+                    '*) exit 1;; esac\n')
+  script.chmod(0o755)
+
+
+def make(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
+  """make in the project, with only `folder` and head on the PATH: no other Python to find."""
+  if not (folder / 'head').exists():
+    os.symlink(shutil.which('head') or '/usr/bin/head', folder / 'head')
+  return subprocess.run([MAKE, '--no-print-directory', *args, f'VENV={folder}/venv'], cwd=ROOT,
+                        capture_output=True, text=True, env={'PATH': str(folder)}, timeout=60)
+
+
+@needs_make
+def test_without_a_python_of_3_11_or_newer_make_stops_in_one_line_creating_nothing(tmp_path):
+  fake_python(tmp_path, 'python3', '3.10.13')  # Ubuntu 22.04's, as on a TPU VM.
+  out = make(tmp_path, 'train')
+  assert out.returncode != 0 and not (tmp_path / 'venv').exists()
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1, out.stderr
+  assert 'needs Python 3.11 or newer, and python3 is Python 3.10.13' in lines[0]
+  assert 'uv python install 3.12' in lines[0] and 'make PYTHON=' in lines[0]
+
+
+@needs_make
+def test_make_takes_python3_when_new_enough_else_the_newest_python3_n_that_runs(tmp_path):
+  fake_python(tmp_path, 'python3', '3.10.13')
+  fake_python(tmp_path, 'python3.13', '3.13.0')  # On the PATH, but does not run (a stale shim).
+  os.symlink(sys.executable, tmp_path / 'python3.12')
+  assert f'{tmp_path}/python3.12 -m venv' in make(tmp_path, '-n', 'train').stdout
+  os.replace(tmp_path / 'python3.12', tmp_path / 'python3')
+  assert f'{tmp_path}/python3 -m venv' in make(tmp_path, '-n', 'train').stdout
+
+
+@needs_make
+def test_a_python_named_on_the_command_line_is_checked_too(tmp_path):
+  fake_python(tmp_path, 'old', '3.10.13')
+  out = make(tmp_path, 'train', f'PYTHON={tmp_path}/old')
+  assert out.returncode != 0 and f'{tmp_path}/old is Python 3.10.13' in out.stderr
+  assert f'{sys.executable} -m venv' in make(tmp_path, '-n', 'train', f'PYTHON={sys.executable}'
+                                              ).stdout
+
+
+def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_path):
+  """A run of data.source=tfds where TensorFlow Datasets cannot be imported."""
+  hidden = tmp_path / 'site'
+  (hidden / 'tensorflow_datasets').mkdir(parents=True)
+  (hidden / 'tensorflow_datasets' / '__init__.py').write_text(
+      "raise ImportError(\"No module named 'tensorflow'\")\n")
+  assert_fails_cleanly(['--config=configs/quick.py', *override_flags(data__source='tfds')],
+                       'pip install -r requirements/tfds.txt', tmp_path / 'run',
+                       env={'PYTHONPATH': str(hidden)})
