@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import BinaryIO
 
 import jax
 import numpy as np
@@ -22,6 +23,7 @@ from etils import epath
 from mlp import steps
 from trainer import checkpoints as checkpoint
 from trainer import config_rules
+from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
 from trainer.run import place, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
@@ -681,6 +683,50 @@ def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_t
       'to resume from the newest checkpoint (epoch 1)')
   assert saved_epochs(tmp_path) == [1]
   assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+class FullDiskFile:
+  """A file on a disk that fills after its first `room` bytes: the OS's ENOSPC for the rest."""
+
+  def __init__(self, file: BinaryIO, room: int):
+    self._file, self._room = file, room
+
+  def __enter__(self) -> 'FullDiskFile':
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self._file.close()
+
+  def write(self, data: bytes) -> int:
+    self._file.write(data[:self._room])
+    self._file.flush()
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._file.name)
+
+
+def test_a_disk_full_at_a_metrics_write_ends_in_one_line_leaves_no_partial_file_and_resumes(
+    small_run, tmp_path, monkeypatch):
+  """The disk fills while metrics.jsonl is rewritten after epoch 2 (SIGTERM asked to stop there)."""
+  writes = []
+
+  def open_on_a_filling_disk(path, mode='r', *args, **kwargs):
+    file = open(path, mode, *args, **kwargs)
+    writes.append(path)
+    return FullDiskFile(file, 10) if writes.count(f'{tmp_path}/{METRICS_FILE}.tmp') == 2 else file
+
+  monkeypatch.setattr(run_dir_module, 'open', open_on_a_filling_disk, raising=False)
+  with pytest.raises(UserError) as error:
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
+  assert str(error.value) == (f'cannot write {tmp_path}/{METRICS_FILE} (No space left on device); '
+                              'free space or restore access there, then rerun the same command')
+  # What a run writes, and nothing half-written: epoch 1's records and checkpoint, its events.
+  names = sorted(p.name for p in tmp_path.iterdir())
+  assert [n for n in names if not n.startswith('events.out.tfevents.')] == [
+      '1', METRICS_FILE, 'run.lock'] and len(names) == 4, names
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == [1]
+  monkeypatch.undo()
+  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
+  assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
 
 def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monkeypatch):

@@ -196,6 +196,95 @@ def test_shift_offsets_depend_on_the_example_not_its_position():
   assert not np.array_equal(augment.shift_offsets(key, jnp.int32(1), jnp.arange(100), 2), later)
 
 
+def assert_each_equally_often(draws: np.ndarray, values: list) -> None:
+  """Every one of `values` drawn and nothing else, each within 5 standard deviations of its
+  share."""
+  found, counts = np.unique(draws, axis=0, return_counts=True)
+  assert found.tolist() == values, found.tolist()
+  share = 1 / len(values)
+  spread = 5 * np.sqrt(len(draws) * share * (1 - share))
+  assert np.all(np.abs(counts - len(draws) * share) < spread), counts
+
+
+def assert_fills_evenly(draws: np.ndarray, bound: float) -> None:
+  """Draws from all of [-bound, bound] and nothing past it, each tenth of it as often."""
+  draws = np.asarray(draws).ravel() / bound
+  assert np.all(np.abs(draws) <= 1 + 1e-4) and draws.min() < -0.99 and draws.max() > 0.99
+  tenths = np.minimum(np.floor((draws + 1) * 5), 9).astype(int)
+  assert_each_equally_often(tenths, list(range(10)))
+
+
+@pytest.mark.parametrize('max_shift', [1, 3])
+def test_shifts_are_drawn_evenly_from_every_offset_each_way(max_shift):
+  offsets = jax.jit(augment.shift_offsets, static_argnums=3)(
+      jax.random.key(0), jnp.int32(1), jnp.arange(20_000), max_shift)
+  each_way = list(range(-max_shift, max_shift + 1))
+  # Every (dy, dx) as often as any other: neither way favoured, the two directions independent.
+  assert_each_equally_often(np.asarray(offsets) - max_shift,
+                            [[dy, dx] for dy in each_way for dx in each_way])
+
+
+def test_shifted_images_move_each_way_equally_often_by_up_to_max_shift():
+  dot = np.zeros((28, 28), np.float32)
+  dot[13, 14] = 1.0
+  count, max_shift = 4000, 2
+  shifted = jax.jit(lambda pixels: augment.augmenter(
+      jax.random.key(5), jnp.int32(2), jnp.arange(count), max_shift, augment.Distortion())(pixels))(
+          jnp.tile(dot.reshape(1, 784), (count, 1)))
+  rows, columns = np.unravel_index(np.asarray(shifted).argmax(axis=1), (28, 28))
+  each_way = list(range(-max_shift, max_shift + 1))
+  assert_each_equally_often(np.stack([rows - 13, columns - 14], axis=1),
+                            [[dy, dx] for dy in each_way for dx in each_way])
+
+
+def drawn_coordinates(distortion: augment.Distortion, count: int = 4000) -> np.ndarray:
+  """The source coordinates of `count` examples' distortions, [count, 2, 28, 28]."""
+  keys = augment.example_keys(jax.random.key(1), jnp.int32(1), jnp.arange(count))
+  # lax.map, not vmap: the same draws, compiled several times faster.
+  draw = jax.jit(lambda keys: jax.lax.map(lambda key: augment.source_coordinates(key, distortion),
+                                          keys))
+  return np.asarray(draw(keys))
+
+
+def affine_parts(coordinates: np.ndarray) -> dict[str, np.ndarray]:
+  """Each example's rotation, size less 1, shear and (dy, dx), read back from its affine source
+  coordinates [N, 2, 28, 28]: pixel p reads the input at map @ (p - centre) + centre - (dy, dx),
+  where map = rotation @ shear / size."""
+  corner, down, right = (coordinates[:, :, at[0], at[1]].astype(np.float64)
+                         for at in ((0, 0), (1, 0), (0, 1)))
+  matrix = np.stack([down - corner, right - corner], axis=2)
+  centre = (augment.SIDE - 1) / 2
+  dy, dx = (centre - centre * matrix.sum(axis=2) - corner).T
+  angle = np.arctan2(matrix[:, 1, 0], matrix[:, 0, 0])
+  size = 1 / np.hypot(matrix[:, 0, 0], matrix[:, 1, 0])
+  shear = (np.cos(angle) * matrix[:, 0, 1] + np.sin(angle) * matrix[:, 1, 1]) * size  # Its tangent.
+  return {'rotation': np.degrees(angle), 'scale': size - 1, 'shear': np.degrees(np.arctan(shear)),
+          'dy': dy, 'dx': dx}
+
+
+def test_each_affine_part_is_drawn_evenly_from_its_whole_range_each_way_and_on_its_own():
+  ranges = {'rotation': 15.0, 'scale': 0.15, 'shear': 10.0, 'dy': 2.5, 'dx': 2.5}
+  parts = affine_parts(drawn_coordinates(augment.Distortion(rotation=15.0, scale=0.15, shear=10.0,
+                                                            translate=2.5)))
+  for name, bound in ranges.items():
+    assert_fills_evenly(parts[name], bound)
+  # Five draws, not fewer: no part follows another.
+  correlations = np.corrcoef(np.stack([parts[name] for name in ranges]))
+  assert np.all(np.abs(correlations - np.eye(len(ranges))) < 0.1), correlations
+
+
+def test_the_elastic_field_moves_pixels_each_way_alike():
+  identity = np.stack(np.meshgrid(np.arange(28), np.arange(28), indexing='ij'))  # Where each reads.
+  field = drawn_coordinates(augment.Distortion(elastic_alpha=30.0, elastic_sigma=5.0)) - identity
+  for way in (0, 1):  # Rows and columns; at the centre and at a corner of the image.
+    for pixel in ((14, 14), (2, 25)):
+      moves = field[:, way, pixel[0], pixel[1]]
+      spread = moves.std()
+      assert abs(moves.mean()) < 0.1 * spread, (way, pixel)  # 4000 draws: 6 standard errors.
+      low, high = np.quantile(moves, [0.01, 0.1, 0.25]), np.quantile(moves, [0.99, 0.9, 0.75])
+      np.testing.assert_allclose(low, -high, atol=0.15 * spread)  # A symmetric distribution.
+
+
 DISTORTION = augment.Distortion(rotation=15, scale=0.15, shear=10, translate=2, elastic_alpha=30,
                                 elastic_sigma=6)
 

@@ -102,15 +102,21 @@ class RunDirectory:
                       'the run directory or restore it, then rerun the same command') from error
 
   def write(self, name: str, data: str | bytes) -> None:
-    """Replaces the file whole: one upload to a bucket, a rename of a finished copy on a disk."""
+    """Replaces the file whole: one upload to a bucket, a rename of a finished copy on a disk; a
+    copy that could not be finished (a full disk) is removed, leaving the old file as it was."""
     raw = data.encode('utf-8') if isinstance(data, str) else data
     if self.remote:
       self.path(name).write_bytes(raw)
       return
     partial = self.file(f'{name}.tmp')
-    with open(partial, 'wb') as f:
-      f.write(raw)
-    os.replace(partial, self.file(name))
+    try:
+      with open(partial, 'wb') as f:
+        f.write(raw)
+      os.replace(partial, self.file(name))
+    except BaseException:
+      with contextlib.suppress(OSError):  # Never hides the write's own error.
+        os.remove(partial)
+      raise
 
   def append(self, name: str, data: bytes) -> None:
     """Adds to a local file in place, for a reader that follows it as it grows (TensorBoard); an
