@@ -21,7 +21,7 @@ from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_
                             override_flags, read_metrics, run_train,
                             without_timings)
 from tests.parallel_probe import SETTINGS
-from tests.test_cloud_storage import names
+from tests.test_cloud_storage import names, records
 from trainer.processes import relay
 from trainer.reporting import METRICS_FILE
 
@@ -174,10 +174,16 @@ def kill_when(processes: list[subprocess.Popen], workdir, victim: int, moment: s
     newest = newest_checkpoint(workdir)
     return newest > at_launch and len(read_metrics(workdir)) > newest
 
+  return kill_once(processes, victim,
+                   lambda: ready(set(os.listdir(workdir)) if workdir.is_dir() else set()))
+
+
+def kill_once(processes: list[subprocess.Popen], victim: int, ready) -> float:
+  """kill -9 of process `victim` as soon as `ready()`, with every process still running; when."""
   deadline = time.monotonic() + 240
-  while not ready(set(os.listdir(workdir)) if workdir.is_dir() else set()):
+  while not ready():
     ended = [p.communicate()[1] for p in processes if p.poll() is not None]
-    assert time.monotonic() < deadline and not ended, (moment, ended)
+    assert time.monotonic() < deadline and not ended, ended
     time.sleep(0.002)
   processes[victim].kill()
   return time.monotonic()
@@ -253,6 +259,51 @@ def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_or_bucket
   assert processes[1].returncode != 0
   assert stderr.strip().splitlines() == [lost_line(named, max(complete_epochs(named)),
                                                    processes[1])]
+
+
+def saving_after_a_checkpoint(workdir: str) -> bool:
+  """Whether orbax writes a checkpoint into the bucket (its objects there, its commit marker not yet)
+  with an older one complete."""
+  found = names(workdir)
+  started = {int(name.split('/')[0]) for name in found if re.match(r'\d+/', name)}
+  complete = {int(name.split('/')[0]) for name in found
+              if re.fullmatch(r'\d+/commit_success\.txt', name)}
+  return bool(complete and started - complete)
+
+
+def own_lines(stderr: str) -> list[str]:
+  """The run's lines, without tensorstore's complaint that the emulator's bucket has no
+  credentials (a real bucket's VM has them)."""
+  return [line for line in stderr.strip().splitlines()
+          if not (line.startswith('E') and 'google_auth_provider' in line)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('victim', [1, 0])
+def test_a_process_lost_during_a_save_to_a_bucket_ends_the_other_at_once_and_the_rerun_proceeds(
+    victim, uninterrupted, bucket):
+  """The survivor learns of the loss from its lifeline, not JAX's heartbeat, says the one line and
+  ends within seconds; the rerun at once is not locked out (process 0 survived: it released its
+  lock; it was killed: its lock, left on this machine, is taken over) and ends as if never lost."""
+  workdir = f'{bucket}/run'
+  processes = launch_two_processes(ARGS, lambda i: workdir)
+  killed = kill_once(processes, victim, lambda: saving_after_a_checkpoint(workdir))
+  survivor = processes[1 - victim]
+  _, stderr = survivor.communicate(timeout=120)
+  seconds = time.monotonic() - killed
+  processes[victim].communicate()
+  assert survivor.returncode == 1 and seconds < 10, (survivor.returncode, seconds, stderr)
+  assert own_lines(stderr) == [lost_line(workdir, max(complete_epochs(workdir)), survivor)]
+
+  rerun = launch_two_processes(ARGS, lambda i: workdir)
+  outputs = finish(rerun)
+  assert [p.returncode for p in rerun] == [0, 0], [err for _, err in outputs]
+  took_over = (f'warning: took over the run directory {workdir} from a run that ended without '
+               f'releasing its lock (host {socket.gethostname()}, pid {processes[0].pid}; that '
+               'process is gone)')
+  assert [line for line in own_lines(outputs[0][1]) if 'took over' in line] == (
+      [took_over] if victim == 0 else [])
+  assert without_timings(records(workdir)) == without_timings(read_metrics(uninterrupted[0]))
 
 
 def test_the_relay_says_jax_s_abort_as_the_run_s_line_and_nothing_after_it():
