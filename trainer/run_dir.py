@@ -157,7 +157,7 @@ def this_machine() -> str | None:
 
 def _gone(holder: str) -> bool:
   """Whether a lock's owner ran on this machine and its process has ended: certain, not stale."""
-  machine, pid = re.search(r"; machine ([^;\s]+)", holder), re.search(r'\bpid (\d+)', holder)
+  machine, pid = re.search(r'; machine ([^;\s]+)', holder), re.search(r'\bpid (\d+)', holder)
   if not (machine and pid and machine.group(1) == this_machine()):
     return False
   try:
