@@ -24,8 +24,8 @@ def grayscale(image: Image.Image) -> np.ndarray:
   """float32 [H, W] grey levels 0-255 of any Pillow image; transparency counts as white paper."""
   image = ImageOps.exif_transpose(image)  # Phone photos store their rotation apart.
   if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'F'):  # 16-bit and float: scaled to 0-255.
-    pixels = np.asarray(image, np.float32)
-    return pixels * np.float32(255.0 / max(float(pixels.max()), 1.0))
+    pixels: np.ndarray = np.asarray(image, np.float32)
+    return pixels * np.float32(255.0 / max(float(np.max(pixels)), 1.0))
   if 'A' in image.getbands() or 'transparency' in image.info:
     image = Image.alpha_composite(Image.new('RGBA', image.size, 'white'), image.convert('RGBA'))
   return np.asarray(image.convert('L'), np.float32)
@@ -45,8 +45,8 @@ def _ink_box(mask: np.ndarray) -> tuple[slice, slice]:
 def centre_of_mass(pixels: np.ndarray) -> tuple[float, float]:
   """(row, column) of the pixels' intensity-weighted mean position."""
   rows, cols = np.indices(pixels.shape)
-  total = pixels.sum()
-  return float((rows * pixels).sum() / total), float((cols * pixels).sum() / total)
+  total = float(pixels.sum())
+  return float((rows * pixels).sum()) / total, float((cols * pixels).sum()) / total
 
 
 def looks_like_mnist(pixels: np.ndarray) -> bool:
