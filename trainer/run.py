@@ -122,9 +122,7 @@ def _programs(config: ml_collections.ConfigDict, placement: Placement, state: An
   train = None
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_inputs is not None:
-      spec = epoch.EpochSpec(config.batch_size, config.data.max_shift,
-                             augment.Distortion(**config.data.distort), axis,
-                             config.label_smoothing)
+      spec = epoch_spec(config, axis)
       train = _compile(functools.partial(epoch.train_epoch, spec=spec), mesh, mode,
                        (state, *train_inputs, np.int32(0)), donate=True)
     evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
@@ -134,6 +132,12 @@ def _programs(config: ml_collections.ConfigDict, placement: Placement, state: An
   per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
   return EpochPrograms(train, evaluate, f'{mode} on {mesh.size} {jax.default_backend()} '
                        f'device{"s" if mesh.size > 1 else ""}{across}{per_device}')
+
+
+def epoch_spec(config: ml_collections.ConfigDict, axis: str | None) -> epoch.EpochSpec:
+  """The one map from a config to how an epoch trains: its batches, augmentation and loss."""
+  return epoch.EpochSpec(config.batch_size, config.data.max_shift,
+                         augment.Distortion(**config.data.distort), axis, config.label_smoothing)
 
 
 class Learning(NamedTuple):
