@@ -4,12 +4,12 @@
   python train.py --config=configs/best.py:validation    # train[:50000], score train[50000:]
 
 The shape of Ciresan et al. (2010), whose single MLP scored 99.65%. Chosen on the validation split
-on an NVIDIA H100 (docs/best.md: 99.67%, seed 0, beside 99.52% with milder distortions and 99.35%
-for the earlier 1024-1024 recipe), then scored once per seed on the test set: 99.58% / 99.51% /
-99.58% for seeds 0 / 1 / 2 (mean 99.557%), 183 s from launch to exit with the GPU to itself
-(the Linen model at 2bcb41c, docs/best-h100/ holds the logs; the port to Flax NNX changed its
-random draws, so this code's runs differ from those as a change of seed does). A GPU
-recipe: on 2 CPU cores (an Intel Xeon) an epoch takes 25 s, so 800 epochs take about 5.6 hours.
+on an NVIDIA H100 with the Flax Linen model of that time (docs/best.md: 99.67%, seed 0, beside
+99.52% with milder distortions and 99.35% for the earlier 1024-1024 recipe), which then scored
+99.58% / 99.51% / 99.58% on the test set for seeds 0 / 1 / 2 (mean 99.557%). This code (Flax NNX,
+other random draws) on an NVIDIA H200, 2026-11-26: 99.49% / 99.43% / 99.46% (mean 99.460%), 157 s
+from launch to exit with the GPU to itself (docs/best-h200/ holds the logs). A GPU recipe: on 2 CPU
+cores (an Intel Xeon) an epoch takes 25 s, so 800 epochs take about 5.6 hours.
 """
 
 import ml_collections

@@ -176,3 +176,19 @@ def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
   assert figures['modes']['pmap']['placement'].startswith('pmap on 8 cpu devices, 8 per device')
   assert figures['mesh_over_pmap'] == pytest.approx(medians['mesh'] / medians['pmap'])
   assert f'mesh / pmap epoch time: {figures["mesh_over_pmap"]:.3f}' in lines
+
+
+def test_launch_phases_names_imports_and_the_projects_functions():
+  """The table's rows come from a real profile: a project function that ran is listed with its time."""
+  import cProfile  # pylint: disable=g-import-not-at-top
+  import pstats  # pylint: disable=g-import-not-at-top
+
+  from benchmarks.launch_phases import phases
+  from data import idx
+  profiler = cProfile.Profile()
+  profiler.runcall(idx.load_idx, '', 'test')
+  rows = dict(phases(pstats.Stats(profiler), rows=50))
+  assert rows['profile total'] > 0
+  assert 0 < rows['idx.py:load_idx'] <= rows['profile total']
+  assert set(rows) >= {'imports', "JAX's backends"}
+  assert not any(name.startswith(('pstats', 'cProfile')) for name in rows)
