@@ -53,8 +53,8 @@ def launch(args: list[str], cache: str, out: pathlib.Path, name: str) -> float:
 
 def phases(profile: pstats.Stats, rows: int) -> list[tuple[str, float]]:
   """The profile's total, the outside costs of OUTSIDE, then this project's longest functions."""
-  found = {(file, line, function): entry[3] for  # Cumulative seconds. (file, line, function), entry in
-           profile.stats.items()}  # type: ignore[attr-defined]
+  stats = profile.stats.items()  # type: ignore[attr-defined]
+  found = {where: entry[3] for where, entry in stats}  # Cumulative seconds.
   named = [(what, sum(seconds for (file, _, function), seconds in found.items()
                       if file.endswith(ending) and function == name))
            for what, (ending, name) in OUTSIDE.items()]
