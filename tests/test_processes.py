@@ -260,13 +260,8 @@ def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_workdir(t
   args = [f'--config={ROOT / "configs" / "default.py"}', *override_flags(**settings)]
   processes = launch_two_processes(args, lambda i: 'run',
                                    cwd=tmp_path)  # Not the project's root, where the relay runs.
-  deadline = time.monotonic() + 240
-  try:  # Killed after the first checkpoint (epoch 3), before the last one starts (epoch 6).
-    while not complete_epochs(named):
-      assert time.monotonic() < deadline and all(p.poll() is None for p in processes)
-      time.sleep(0.2)
-  finally:
-    processes[0].kill()
+  # Killed after the first checkpoint (epoch 3), before the last one starts (epoch 6).
+  kill_once(processes, 0, lambda: bool(complete_epochs(named)), every=0.2)
   (_, _), (_, stderr) = finish(processes)
   assert processes[1].returncode != 0
   assert stderr.strip().splitlines() == [lost_line(named, max(complete_epochs(named)),
