@@ -1,7 +1,9 @@
 """Where a launch's seconds go, from `python train.py` to its exit: a first launch and a relaunch.
 
   python -m benchmarks.launch_phases --out=/tmp/phases                  # configs/default.py
-  python -m benchmarks.launch_phases --out=/tmp/phases -- --config.num_epochs=3
+  python -m benchmarks.launch_phases --out=/tmp/phases -- --config=configs/quick.py
+
+train.py's flags follow `--`; without a --config among them, configs/default.py runs.
 
 Each launch is train.py in a fresh run directory, under cProfile, sharing one compilation cache
 folder that starts empty: the first launch compiles, the relaunch loads. The table gives the wall
@@ -26,7 +28,6 @@ from absl import flags
 from benchmarks.workload import ROOT
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the profiles and the output.', required=True)
-_CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config train.py runs.')
 _LAUNCHES = flags.DEFINE_integer('launches', 2, 'Launches, each in a fresh run directory.')
 _ROWS = flags.DEFINE_integer('rows', 14, "How many of the project's functions to list.")
 
@@ -40,8 +41,7 @@ def launch(args: list[str], cache: str, out: pathlib.Path, name: str) -> float:
   """One train.py in a fresh run directory under cProfile; its seconds from spawn to exit."""
   with tempfile.TemporaryDirectory() as workdir:
     command = [sys.executable, '-m', 'cProfile', '-o', str(out / f'{name}.prof'), 'train.py',
-               f'--config={_CONFIG.value}', f'--workdir={workdir}', f'--compilation_cache={cache}',
-               *args]
+               f'--workdir={workdir}', f'--compilation_cache={cache}', *args]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - start
@@ -70,7 +70,9 @@ def main(argv: list[str]) -> None:
   out.mkdir(parents=True, exist_ok=True)
   with tempfile.TemporaryDirectory() as cache:
     names = [f'launch{i + 1}' for i in range(_LAUNCHES.value)]
-    walls = [launch(argv[1:], cache, out, name) for name in names]
+    args = argv[1:] if any(arg.startswith('--config=') for arg in argv) else [
+        '--config=configs/default.py', *argv[1:]]
+    walls = [launch(args, cache, out, name) for name in names]
   tables = [dict(phases(pstats.Stats(str(out / f'{name}.prof')), _ROWS.value)) for name in names]
   keys = list(dict.fromkeys(key for table in tables for key in table))
   print(f'{"seconds":<44}' + ''.join(f'{name:>10}' for name in names))
