@@ -28,7 +28,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except flags.Error as error:
     fail(f'{error}; usage: {USAGE}', 2)
   if flags.FLAGS['verbosity'].using_default_value:
-    flags.FLAGS.verbosity = -1  # Warnings and errors only, as train.py.
+    flags.FLAGS.verbosity = -1  # type: ignore[assignment]  # Warnings and errors, as train.py.
   unknown = ', '.join(name for name in _FORMATS.value if name not in FILES)
   for mistake, why in ((not _WORKDIR.value, 'no run given; pass the run directory of a trained run'),
                        (not _OUT.value, 'no --out given; pass a folder to export to'),
@@ -52,17 +52,18 @@ def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str) -> N
 
 
 def main(argv: list[str]) -> None:
-  del argv  # parse_flags has checked there is nothing else.
+  del argv  # parse_flags has checked there is nothing else, and that both folders are given.
+  given = str(_WORKDIR.value)
   try:
-    out = OutFolder(_OUT.value, _OVERWRITE.value)
-    out.check(_WORKDIR.value)  # Before JAX loads: a mistake about the folder is reported at once.
+    out = OutFolder(str(_OUT.value), _OVERWRITE.value)
+    out.check(given)  # Before JAX loads: a mistake about the folder is reported at once.
     formats = list(dict.fromkeys(_FORMATS.value))
     os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
     from serving import artifacts  # pylint: disable=g-import-not-at-top; after flags, for --help
     if SAVED_MODEL in formats:
       artifacts.require_tensorflow()  # Before the checkpoint is read.
     from trainer import evaluation, reporting, run_dir  # pylint: disable=g-import-not-at-top
-    workdir = run_dir.RunDirectory(_WORKDIR.value)
+    workdir = run_dir.RunDirectory(given)
     config, restored = evaluation.restore_run(workdir)
     for epoch, why in restored.damaged:
       reporting.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
