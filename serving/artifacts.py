@@ -54,7 +54,10 @@ def write_saved_model(classify: Classify, path: str) -> None:
                       input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.uint8, name=INPUT)])
   module = tf.Module()
   module.serve = serve  # The signature takes the function itself: one trace serves both.
-  tf.saved_model.save(module, path, signatures={SIGNATURE: serve})
+  try:
+    tf.saved_model.save(module, path, signatures={SIGNATURE: serve})
+  except tf.errors.OpError as error:  # TensorFlow's file errors read 'PATH; No space left on device'.
+    raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # The out folder words it.
 
 
 WRITERS = {STABLEHLO: write_stablehlo, SAVED_MODEL: write_saved_model}

@@ -13,6 +13,7 @@ import pytest
 
 from data.mnist import load_split
 from tests.conftest import ROOT, make_config, override_flags, run_train
+from tests.test_checkpoint import tiny_disk  # noqa: F401  (a fixture: a 2 MB tmpfs)
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
@@ -203,3 +204,20 @@ def test_a_run_is_exported_while_it_trains_and_saves_on(tmp_path, mnist_dir):
   epoch = json.loads((out / 'export.json').read_text())['epoch']
   _, restored = evaluation.restore_run(RunDirectory(workdir))
   assert restored.damaged == () and restored.epoch > epoch >= 1  # Its saves went on, all whole.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('form', FORMATS)
+def test_a_full_disk_is_one_line_and_leaves_the_export_there_as_it_was(form, run,
+                                                                       tiny_disk):  # noqa: F811
+  out = tiny_disk / 'model'  # 2 MB: the parameters alone are 2.7 MB.
+  out.mkdir()
+  (out / 'export.json').write_text('{"epoch": 0}')
+  (out / 'model.jax_export').write_bytes(b'an older export')
+  before = snapshot(tiny_disk)
+  full = export(f'--workdir={run}', f'--out={out}', f'--formats={form}', '--overwrite')
+  lines = full.stderr.strip().splitlines()
+  assert full.returncode == 1 and len(lines) == 1, full.stderr
+  assert lines[0] == (f'error: cannot write {out} (No space left on device); free space or '
+                      'restore access there, then rerun the same command')
+  assert snapshot(tiny_disk) == before  # The half-written export gone, the older one untouched.
