@@ -30,7 +30,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   if flags.FLAGS['verbosity'].using_default_value:
     flags.FLAGS.verbosity = -1  # type: ignore[assignment]  # Warnings and errors, as train.py.
   unknown = ', '.join(name for name in _FORMATS.value if name not in FILES)
-  for mistake, why in ((not _WORKDIR.value, 'no run given; pass the run directory of a trained run'),
+  for mistake, why in ((not _WORKDIR.value, 'no run given; pass the directory of a trained run'),
                        (not _OUT.value, 'no --out given; pass a folder to export to'),
                        (len(rest) > 1, f'unexpected arguments {" ".join(rest[1:])}'),
                        (not _FORMATS.value, f'--formats is empty; pass {FORMAT_CHOICE}'),

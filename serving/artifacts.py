@@ -1,6 +1,6 @@
 """The export formats of one classifier: uint8 images [N, 28, 28] in, float32 probabilities [N, 10]
 out, any N, the parameters inside. StableHLO by `jax.export` needs JAX alone to run; the SavedModel,
-by jax2tf, TensorFlow alone (jax2tf wraps the same `jax.export` lowering in one TensorFlow op)."""
+by jax2tf, TensorFlow alone (jax2tf wraps a `jax.export` lowering of it in one TensorFlow op)."""
 
 import functools
 import json
@@ -19,6 +19,7 @@ from serving.folder import FILES, MANIFEST, SAVED_MODEL, STABLEHLO
 PLATFORMS = ('cpu', 'cuda', 'tpu')  # Lowered for each: the files serve on any of them.
 INPUT, OUTPUT, SIGNATURE = 'images', 'probabilities', 'serving_default'
 IMAGE_SHAPE, NUM_CLASSES = (28, 28), 10
+SYMBOLIC_INPUT = f'(N, {", ".join(map(str, IMAGE_SHAPE))})'  # jax2tf's spelling of [N, 28, 28].
 TENSORFLOW_EXTRA = 'pip install -r requirements/tfds.txt'
 
 Classify = Callable[[jax.Array], jax.Array]
@@ -48,16 +49,16 @@ def write_saved_model(classify: Classify, path: str) -> None:
   """A TensorFlow SavedModel whose serving_default signature maps `images` to `probabilities`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top; the extra, for this format only
   from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top; imports TensorFlow
-  converted = jax2tf.convert(classify, polymorphic_shapes=[f'(N, {", ".join(map(str, IMAGE_SHAPE))})'],
-                             with_gradient=False, native_serialization_platforms=PLATFORMS)
+  converted = jax2tf.convert(classify, polymorphic_shapes=[SYMBOLIC_INPUT], with_gradient=False,
+                             native_serialization_platforms=PLATFORMS)
   serve = tf.function(lambda images: {OUTPUT: converted(images)}, autograph=False,
                       input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.uint8, name=INPUT)])
   module = tf.Module()
   module.serve = serve  # The signature takes the function itself: one trace serves both.
   try:
     tf.saved_model.save(module, path, signatures={SIGNATURE: serve})
-  except tf.errors.OpError as error:  # TensorFlow's file errors read 'PATH; No space left on device'.
-    raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # The out folder words it.
+  except tf.errors.OpError as error:  # Its file errors read 'PATH; No space left on device'.
+    raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # OutFolder words the line.
 
 
 WRITERS = {STABLEHLO: write_stablehlo, SAVED_MODEL: write_saved_model}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 TEST_IMAGES = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, 'data', 'mnist',
-                           't10k-images-idx3-ubyte.gz')  # MNIST's test images, as LeCun's site has them.
+                           't10k-images-idx3-ubyte.gz')  # MNIST's test images, as published.
 Classify = Callable[[np.ndarray], np.ndarray]
 
 
@@ -41,7 +41,7 @@ def load_stablehlo(folder: str) -> tuple[Classify, str]:
 
 
 def load_saved_model(folder: str) -> tuple[Classify, str]:
-  """The SavedModel's serving_default signature, by TensorFlow alone; and what it takes and gives."""
+  """The SavedModel's serving_default signature, by TensorFlow alone; what it takes and gives."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top; only this format needs TensorFlow
   serve = tf.saved_model.load(os.path.join(folder, 'saved_model')).signatures['serving_default']
   return (lambda images: serve(images=tf.constant(images))['probabilities'].numpy(),

@@ -167,8 +167,8 @@ MISTAKES = {
 }
 
 
-@pytest.mark.parametrize('case', [pytest.param(case, marks=pytest.mark.slow) if case == 'damaged run'
-                                  else case for case in MISTAKES])
+@pytest.mark.parametrize('case', [pytest.param(case, marks=pytest.mark.slow)
+                                  if case == 'damaged run' else case for case in MISTAKES])
 def test_a_mistake_ends_in_one_line_and_changes_nothing(case, run, tmp_path):
   make, args, env, expected = MISTAKES[case]
   make(tmp_path, run)
