@@ -1,0 +1,80 @@
+"""Exports a trained run's classifier for serving: `python export.py --workdir=RUN --out=DIR`."""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+from errors import UserError, fail
+from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
+
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
+    'checkpoint that restores and verifies is exported, as predict.py chooses it.')
+_OUT = flags.DEFINE_string('out', None, 'Local folder to write the export to (made if missing).')
+_FORMATS = flags.DEFINE_list(
+    'formats', ['stablehlo'], f'Comma-separated, of {", ".join(FILES)}: StableHLO by jax.export '
+    '(runs with JAX alone), a TensorFlow SavedModel by jax2tf (needs the TensorFlow extra).')
+_OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
+FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
+USAGE = 'python export.py --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] [--overwrite]'
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing, with every mistake reported as one line instead of a traceback."""
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as error:
+    fail(f'{error}; usage: {USAGE}', 2)
+  if flags.FLAGS['verbosity'].using_default_value:
+    flags.FLAGS.verbosity = -1  # type: ignore[assignment]  # Warnings and errors, as train.py.
+  unknown = ', '.join(name for name in _FORMATS.value if name not in FILES)
+  for mistake, why in ((not _WORKDIR.value, 'no run given; pass the directory of a trained run'),
+                       (not _OUT.value, 'no --out given; pass a folder to export to'),
+                       (len(rest) > 1, f'unexpected arguments {" ".join(rest[1:])}'),
+                       (not _FORMATS.value, f'--formats is empty; pass {FORMAT_CHOICE}'),
+                       (unknown, f'no format named {unknown}; pass {FORMAT_CHOICE}')):
+    if mistake:
+      fail(f'{why}: {USAGE}', 2)
+  return rest
+
+
+def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str) -> None:
+  """One line per file written, then what was exported from where."""
+  width = max(len(os.path.join(out.path, name)) for name in (*sizes, MANIFEST))
+  for name, count in sizes.items():
+    print(f'{os.path.join(out.path, name):<{width}}  {count / 1e6:6.2f} MB')
+  print(f'{os.path.join(out.path, MANIFEST):<{width}}  what was exported, from where, and its '
+        'inputs and outputs')
+  print(f'exported the checkpoint of epoch {epoch} in {workdir}: uint8 images [N, 28, 28] in, '
+        'class probabilities [N, 10] out', file=sys.stderr)
+
+
+def main(argv: list[str]) -> None:
+  del argv  # parse_flags has checked there is nothing else, and that both folders are given.
+  given = str(_WORKDIR.value)
+  try:
+    out = OutFolder(str(_OUT.value), _OVERWRITE.value)
+    out.check(given)  # Before JAX loads: a mistake about the folder is reported at once.
+    formats = list(dict.fromkeys(_FORMATS.value))
+    os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
+    from serving import artifacts  # pylint: disable=g-import-not-at-top; after flags, for --help
+    if SAVED_MODEL in formats:
+      artifacts.require_tensorflow()  # Before the checkpoint is read.
+    from trainer import evaluation, reporting, run_dir  # pylint: disable=g-import-not-at-top
+    workdir = run_dir.RunDirectory(given)
+    config, restored = evaluation.restore_run(workdir)
+    for epoch, why in restored.damaged:
+      reporting.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
+    with out.staged() as staging:
+      sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
+                              {'run': str(workdir), 'epoch': restored.epoch,
+                               'config': restored.config})
+  except UserError as error:
+    fail(str(error), 1)
+  report(out, sizes, restored.epoch, str(workdir))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=parse_flags)

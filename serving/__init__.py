@@ -1,0 +1,1 @@
+"""A trained run's classifier as files that serve without this project: export.py's pieces."""

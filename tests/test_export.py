@@ -1,0 +1,223 @@
+"""export.py: a run's classifier as files that serve without this project, and its mistakes."""
+
+import importlib.util
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from data.mnist import load_split
+from tests.conftest import ROOT, make_config, override_flags, run_train
+from tests.test_checkpoint import tiny_disk  # noqa: F401  (a fixture: a 2 MB tmpfs)
+from tests.test_predict import flip_each_checkpoint
+from trainer import evaluation, loop
+from trainer.run_dir import RunDirectory
+
+HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Python 3.14 yet.
+FORMATS = ['stablehlo', *(['savedmodel'] if HAS_TENSORFLOW else [])]
+BATCH_SIZES = (1, 37)
+# What a loader of each format must never import: this project, and every framework but its own.
+PROJECT = ['configs', 'data', 'errors', 'mlp', 'serving', 'trainer', 'flax', 'optax', 'orbax']
+NEVER_IMPORTED = {'stablehlo': [*PROJECT, 'tensorflow'], 'savedmodel': [*PROJECT, 'jax', 'jaxlib']}
+# A fresh interpreter (-I: no project path, no user site) where those imports fail, running the
+# standalone loader from outside the project.
+LOAD = ('import runpy, sys\n'
+        'for name in sys.argv[1].split(","):\n'
+        '  sys.modules[name] = None\n'
+        'sys.argv = sys.argv[2:]\n'
+        'runpy.run_path(sys.argv[0], run_name="__main__")\n')
+
+
+def export(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+  return run_train(*args, env=env, script='export.py')
+
+
+def snapshot(folder) -> dict[str, bytes | None]:
+  """Every file's bytes and every folder (None) under `folder`, by relative path."""
+  return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+          for p in sorted(folder.rglob('*'))}
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory, mnist_dir):
+  """A run of the default recipe for one epoch on 2,000 images."""
+  workdir = tmp_path_factory.mktemp('run')
+  loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:2000]',
+                                      data__eval_split='test[:100]'), RunDirectory(workdir))
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def exported(run, tmp_path_factory):
+  """export.py of every format this Python has, on a copy of the run as a training run leaves it
+  mid-save: its lock held, the next epoch's folder half written. Returns (out, stdout, stderr)."""
+  live = shutil.copytree(run, tmp_path_factory.mktemp('live') / 'run')
+  shutil.copytree(live / '1', live / '2.orbax-checkpoint-tmp-1795680000000000')  # Uncommitted.
+  out = tmp_path_factory.mktemp('export') / 'model'
+  with RunDirectory(live).lock():
+    before = snapshot(live)
+    result = export(f'--workdir={live}', f'--out={out}', f'--formats={",".join(FORMATS)}')
+    assert result.returncode == 0, result.stderr
+    assert snapshot(live) == before  # Not one byte, file or folder changed in the run directory.
+  return out, result.stdout, result.stderr
+
+
+def probabilities_by_predict(workdir) -> np.ndarray:
+  """predict.py's probabilities of MNIST's first test digits: its restore and forward pass."""
+  config, restored = evaluation.restore_run(RunDirectory(workdir))
+  images = load_split(config.data, f'test[:{max(BATCH_SIZES)}]').images
+  return evaluation.probabilities(config, restored, images)
+
+
+@pytest.mark.parametrize('form', FORMATS)
+def test_each_format_loads_without_this_project_and_gives_predicts_probabilities(
+    form, run, exported, tmp_path):
+  out, _, _ = exported
+  saved = tmp_path / 'probabilities.npz'
+  loaded = subprocess.run(
+      [sys.executable, '-I', '-c', LOAD, ','.join(NEVER_IMPORTED[form]),
+       str(ROOT / 'serving' / 'load_export.py'), str(out), f'--format={form}',
+       f'--images={ROOT / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"}',
+       f'--batch_sizes={",".join(map(str, BATCH_SIZES))}', f'--save={saved}'],
+      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert loaded.returncode == 0, loaded.stderr
+  record = json.loads(loaded.stdout.strip().splitlines()[-1])
+  # Any N: one symbolic batch dimension, uint8 images in, float32 probabilities out.
+  assert record['spec'] == {
+      'stablehlo': '(ShapedArray(uint8[N,28,28]),) -> (ShapedArray(float32[N,10]),)',
+      'savedmodel': "{'images': TensorSpec(shape=(None, 28, 28), dtype=tf.uint8, name='images')} "
+                    "-> {'probabilities': TensorSpec(shape=(None, 10), dtype=tf.float32, "
+                    "name='probabilities')}"}[form]
+  expected = probabilities_by_predict(run)
+  with np.load(saved) as results:
+    for size in BATCH_SIZES:
+      got = results[f'batch{size}']
+      assert got.shape == (size, 10) and got.dtype == np.float32
+      np.testing.assert_allclose(got, expected[:size], rtol=0, atol=1e-5)
+  assert len(set(expected.argmax(axis=1))) > 5  # A trained classifier: the digits differ.
+
+
+def test_the_export_names_its_files_and_what_it_holds(run, exported):
+  out, stdout, stderr = exported
+  files = {'stablehlo': 'model.jax_export', 'savedmodel': 'saved_model'}
+  manifest = json.loads((out / 'export.json').read_text())
+  assert manifest['files'] == {form: files[form] for form in FORMATS}
+  assert manifest['epoch'] == 1  # The committed checkpoint, not the one being written.
+  assert manifest['input'] == {'name': 'images', 'dtype': 'uint8', 'shape': ['N', 28, 28]}
+  assert manifest['output'] == {'name': 'probabilities', 'dtype': 'float32', 'shape': ['N', 10]}
+  assert manifest['config']['model.hidden_sizes'] == [512, 512]
+  assert sorted(p.name for p in out.iterdir()) == sorted([*manifest['files'].values(),
+                                                          'export.json'])
+  assert [line.split()[0] for line in stdout.splitlines()] == [
+      str(out / name) for name in (*manifest['files'].values(), 'export.json')]
+  assert stderr.strip().splitlines()[-1].startswith('exported the checkpoint of epoch 1 in ')
+  assert (out / 'model.jax_export').stat().st_size > 512 * 784 * 4  # The parameters are inside.
+
+
+def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported, tmp_path):
+  out = shutil.copytree(exported[0], tmp_path / 'model')
+  (out / 'notes.txt').write_text('not an export: kept')
+  before = snapshot(out)
+  refused = export(f'--workdir={run}', f'--out={out}')
+  lines = refused.stderr.strip().splitlines()
+  assert refused.returncode == 1 and len(lines) == 1, refused.stderr
+  held = ', '.join(name for name in ('model.jax_export', 'saved_model', 'export.json')
+                   if (out / name).exists())
+  assert lines[0] == (f'error: {out} already holds an export ({held}); pass --overwrite to '
+                      'replace it, or another --out')
+  assert snapshot(out) == before
+  replaced = export(f'--workdir={run}', f'--out={out}', '--formats=stablehlo', '--overwrite')
+  assert replaced.returncode == 0, replaced.stderr
+  # The new export alone: no file of the old one's other formats left beside it.
+  assert sorted(p.name for p in out.iterdir()) == ['export.json', 'model.jax_export', 'notes.txt']
+  assert json.loads((out / 'export.json').read_text())['files'] == {
+      'stablehlo': 'model.jax_export'}
+  assert not list(tmp_path.glob('.model.partial-*'))
+
+
+def hide_tensorflow(folder) -> dict[str, str]:
+  """An environment where `import tensorflow` fails as it does where the extra is not installed."""
+  (folder / 'site' / 'tensorflow').mkdir(parents=True)
+  (folder / 'site' / 'tensorflow' / '__init__.py').write_text(
+      "raise ImportError(\"No module named 'tensorflow'\")\n")
+  return {'PYTHONPATH': str(folder / 'site')}
+
+
+# Each mistake: how it is made (given tmp_path and the trained run), export.py's arguments after
+# --out, the environment, and what its one line says.
+MISTAKES = {
+    'no checkpoint': (lambda f, run: (f / 'empty').mkdir(), ['--workdir={f}/empty'], None,
+                      'no checkpoint in'),
+    'no run directory': (lambda f, run: None, ['--workdir={f}/missing'], None, 'no checkpoint in'),
+    'damaged run': (lambda f, run: flip_each_checkpoint(shutil.copytree(run, f / 'damaged')),
+                    ['--workdir={f}/damaged'], None, 'can be restored'),
+    'no tensorflow': (lambda f, run: None, ['--workdir={run}', '--formats=stablehlo,savedmodel'],
+                      hide_tensorflow, 'pip install -r requirements/tfds.txt'),
+    'out in the run': (lambda f, run: None, ['--workdir={run}', '--out={run}/export'], None,
+                       'is inside the run directory'),
+    'unknown format': (lambda f, run: None, ['--workdir={run}', '--formats=onnx'], None,
+                       'no format named onnx; pass one or more of stablehlo,savedmodel'),
+    'out is a file': (lambda f, run: (f / 'model').write_text('x'), ['--workdir={run}'], None,
+                      'is a file; pass a folder'),
+}
+
+
+@pytest.mark.parametrize('case', [pytest.param(case, marks=pytest.mark.slow)
+                                  if case == 'damaged run' else case for case in MISTAKES])
+def test_a_mistake_ends_in_one_line_and_changes_nothing(case, run, tmp_path):
+  make, args, env, expected = MISTAKES[case]
+  make(tmp_path, run)
+  args = [arg.format(f=tmp_path, run=run) for arg in args]
+  if not any(arg.startswith('--out=') for arg in args):
+    args.append(f'--out={tmp_path / "model"}')
+  env = env and env(tmp_path)
+  before_run, before = snapshot(run), snapshot(tmp_path)
+  out = export(*args, env=env)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode != 0 and out.stdout == '', out.stderr
+  assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
+  assert snapshot(tmp_path) == before and snapshot(run) == before_run
+
+
+@pytest.mark.slow
+def test_a_run_is_exported_while_it_trains_and_saves_on(tmp_path, mnist_dir):
+  workdir, out = tmp_path / 'run', tmp_path / 'model'
+  command = [sys.executable, 'train.py', '--config=configs/quick.py', f'--workdir={workdir}',
+             *override_flags(num_epochs=500, data__train_split='train[:2000]',
+                             data__eval_split='test[:500]', checkpoint_min_seconds=0)]
+  with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                        text=True) as training:
+    while not (workdir / '1').is_dir():  # Epoch 1's checkpoint committed; the run trains on.
+      assert training.poll() is None, training.stderr.read()
+      time.sleep(0.1)
+    exported = export(f'--workdir={workdir}', f'--out={out}')
+    assert training.poll() is None  # Still training: the export ran beside it throughout.
+    training.send_signal(signal.SIGTERM)  # Finishes its epoch, saves it, stops.
+    _, stderr = training.communicate(timeout=120)
+  assert exported.returncode == 0, exported.stderr
+  assert training.returncode == 128 + signal.SIGTERM and 'stopped by SIGTERM' in stderr, stderr
+  epoch = json.loads((out / 'export.json').read_text())['epoch']
+  _, restored = evaluation.restore_run(RunDirectory(workdir))
+  assert restored.damaged == () and restored.epoch > epoch >= 1  # Its saves went on, all whole.
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('form', FORMATS)
+def test_a_full_disk_is_one_line_and_leaves_the_export_there_as_it_was(form, run,
+                                                                       tiny_disk):  # noqa: F811
+  out = tiny_disk / 'model'  # 2 MB: the parameters alone are 2.7 MB.
+  out.mkdir()
+  (out / 'export.json').write_text('{"epoch": 0}')
+  (out / 'model.jax_export').write_bytes(b'an older export')
+  before = snapshot(tiny_disk)
+  full = export(f'--workdir={run}', f'--out={out}', f'--formats={form}', '--overwrite')
+  lines = full.stderr.strip().splitlines()
+  assert full.returncode == 1 and len(lines) == 1, full.stderr
+  assert lines[0] == (f'error: cannot write {out} (No space left on device); free space or '
+                      'restore access there, then rerun the same command')
+  assert snapshot(tiny_disk) == before  # The half-written export gone, the older one untouched.
