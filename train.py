@@ -5,6 +5,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -156,7 +157,11 @@ def this_command() -> str:
 
 def interrupted() -> None:
   """Ends the process where it is: an exception raised there could abandon orbax's writing threads
-  mid-save, and the exit would wait on them forever. Every complete checkpoint stays."""
+  mid-save, and the exit would wait on them forever. Every complete checkpoint stays, and the run
+  lock is released: nothing more is written."""
+  locks = sys.modules.get('trainer.run_dir')  # Not imported yet: no lock is held.
+  if locks:
+    locks.release_held_locks()
   fail(f'interrupted before the next checkpoint; resume from the newest one with: {this_command()}',
        130, exit_now=os._exit)
 
@@ -168,11 +173,21 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
+_ENDING = threading.Lock()  # Held by the first thread to end the process for a lost peer.
+
+
 def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
-  """Ends a process whose peer is gone at once: JAX's own exit would wait for it, then abort."""
-  from trainer import processes  # pylint: disable=g-import-not-at-top
+  """Ends a process whose peer is gone at once, its run lock released (it writes nothing more):
+  JAX's own exit would wait for the peer, then abort. Called by whichever learns of it first: the
+  lifelines' thread, or the main thread's failed collective."""
+  if not _ENDING.acquire(blocking=False):
+    threading.Event().wait()  # The other thread is ending the process.
+  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
+  processes.hold_stderr()  # JAX, where it aborts the process now, waits for this line.
+  line = processes.message(run_dir, this_command())
+  run_dirs.release_held_locks()
   sys.stdout.flush()
-  fail(processes.message(run_dir, this_command()), 1, exit_now=os._exit)
+  fail(line, 1, exit_now=processes.end_now)
 
 
 def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Callable[[str], None]:
@@ -224,8 +239,9 @@ def main(argv: list[str]) -> None:
 def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',
          stop_request: Callable[[], str | None]) -> None:
   """Trains or evaluates; a user's mistake, a signal's stop or a lost peer ends in one line."""
-  from trainer import evaluation, loop, processes  # pylint: disable=g-import-not-at-top
+  from trainer import evaluation, lifelines, loop, processes  # pylint: disable=g-import-not-at-top
   try:
+    lifelines.watch(_COORDINATOR.value, functools.partial(_stop_for_lost_peer, run_dir))
     if config.eval_only:
       evaluation.evaluate_checkpoint(config, run_dir)
     else:

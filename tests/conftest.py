@@ -1,6 +1,7 @@
 """Shared test fixtures: the MNIST files the project carries, and configs that train on slices of them fast."""
 
 import atexit
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -189,8 +190,9 @@ def _answers(url: str) -> bool:
 
 @pytest.fixture
 def bucket(gcs_emulator, request) -> str:
-  """A new, empty bucket on the emulator: `gs://NAME`."""
+  """A new, empty bucket on the emulator: `gs://NAME`, one per test and parameter."""
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
-  name = 'test-' + ''.join(c if c.isalnum() else '-' for c in request.node.name.lower())[:50]
-  storage.Client().create_bucket(name.rstrip('-'))
-  return f'gs://{name.rstrip("-")}'
+  test = ''.join(c if c.isalnum() else '-' for c in request.node.name.lower())
+  name = f'test-{test[:40].strip("-")}-{hashlib.sha256(test.encode()).hexdigest()[:8]}'
+  storage.Client().create_bucket(name)
+  return f'gs://{name}'

@@ -21,9 +21,10 @@ from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_
                             override_flags, read_metrics, run_train,
                             without_timings)
 from tests.parallel_probe import SETTINGS
-from tests.test_cloud_storage import names
+from tests.test_cloud_storage import names, records
 from trainer.processes import relay
 from trainer.reporting import METRICS_FILE
+from trainer.run_dir import LOCK_FILE
 
 CONFIG = '--config=configs/default.py'
 
@@ -174,10 +175,16 @@ def kill_when(processes: list[subprocess.Popen], workdir, victim: int, moment: s
     newest = newest_checkpoint(workdir)
     return newest > at_launch and len(read_metrics(workdir)) > newest
 
+  return kill_once(processes, victim,
+                   lambda: ready(set(os.listdir(workdir)) if workdir.is_dir() else set()))
+
+
+def kill_once(processes: list[subprocess.Popen], victim: int, ready) -> float:
+  """kill -9 of process `victim` as soon as `ready()`, with every process still running; when."""
   deadline = time.monotonic() + 240
-  while not ready(set(os.listdir(workdir)) if workdir.is_dir() else set()):
+  while not ready():
     ended = [p.communicate()[1] for p in processes if p.poll() is not None]
-    assert time.monotonic() < deadline and not ended, (moment, ended)
+    assert time.monotonic() < deadline and not ended, ended
     time.sleep(0.002)
   processes[victim].kill()
   return time.monotonic()
@@ -197,12 +204,20 @@ def lost_line(workdir, newest: int, survivor: subprocess.Popen) -> str:
           f'{shlex.join(survivor.args)}')
 
 
+def took_over(workdir, holder: str) -> str:
+  """The warning of a run taking over the lock that a process gone from this machine left."""
+  return (f'warning: took over the run directory {workdir} from a run that ended without releasing '
+          f'its lock ({holder}; that process is gone)')
+
+
 @pytest.mark.slow
 def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_never_lost(
     uninterrupted, tmp_path):
   """Lost at start-up, in training and during a save, process 0 or 1: each time the survivor
-  ends within seconds in one line (from a failed collective or from JAX's abort, never a
-  traceback or a stack dump), and the run, rerun after each, ends with the uninterrupted numbers."""
+  ends within seconds in one line (from its lifeline, a failed collective or JAX's abort, never a
+  traceback or a stack dump), and the run, rerun after each, ends with the uninterrupted numbers.
+  A killed process 0 leaves its name in the lock: the next run's process 0 says it took over."""
+  left = ''  # Whom the lock names as the next run starts.
   for victim, moment in [(0, 'at start-up'), (1, 'in training'), (0, 'during a save'),
                          (0, 'in training')]:
     processes = launch_two_processes(ARGS, lambda i: tmp_path)
@@ -210,9 +225,11 @@ def test_a_lost_process_stops_the_other_in_one_line_and_the_reruns_end_as_if_nev
     survivor = processes[1 - victim]
     _, stderr = survivor.communicate(timeout=60)
     assert survivor.returncode != 0 and time.monotonic() - killed < 30, (victim, moment)
-    assert stderr.strip().splitlines() == [lost_line(tmp_path, newest_checkpoint(tmp_path),
-                                                     survivor)], (victim, moment)
+    said = [took_over(tmp_path, left)] if left and survivor is processes[0] else []
+    assert stderr.strip().splitlines() == [*said, lost_line(
+        tmp_path, newest_checkpoint(tmp_path), survivor)], (victim, moment)
     processes[victim].communicate()
+    left = (tmp_path / LOCK_FILE).read_text().strip()
 
   processes = launch_two_processes(ARGS, lambda i: tmp_path)
   outputs = finish(processes)
@@ -231,16 +248,14 @@ def complete_epochs(workdir: str) -> set[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('where', ['relative', 'bucket'])
-def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_or_bucket_workdir(
-    where, tmp_path, request, mnist_dir):
-  """The survivor looks for checkpoints where the run writes them: a relative --workdir in the
-  folder the run started from (named in full), a gs:// one in its bucket."""
-  named = f'{request.getfixturevalue("bucket")}/run' if where == 'bucket' else str(tmp_path / 'run')
+def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_workdir(tmp_path, mnist_dir):
+  """The survivor looks for checkpoints in the folder the run started from, and names it in full
+  (a gs:// run directory: the bucket test below)."""
+  named = str(tmp_path / 'run')
   settings = {**SETTINGS, 'num_epochs': 6, 'checkpoint_every_epochs': 3,
               'data__train_split': 'train[:2048]'}
   args = [f'--config={ROOT / "configs" / "default.py"}', *override_flags(**settings)]
-  processes = launch_two_processes(args, lambda i: 'run' if where == 'relative' else named,
+  processes = launch_two_processes(args, lambda i: 'run',
                                    cwd=tmp_path)  # Not the project's root, where the relay runs.
   deadline = time.monotonic() + 240
   try:  # Killed after the first checkpoint (epoch 3), before the last one starts (epoch 6).
@@ -253,6 +268,50 @@ def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_or_bucket
   assert processes[1].returncode != 0
   assert stderr.strip().splitlines() == [lost_line(named, max(complete_epochs(named)),
                                                    processes[1])]
+
+
+def saving_after_a_checkpoint(workdir: str) -> bool:
+  """Whether orbax writes a checkpoint into the bucket (its objects there, its commit marker not yet)
+  with an older one complete."""
+  found = names(workdir)
+  started = {int(name.split('/')[0]) for name in found if re.match(r'\d+/', name)}
+  complete = {int(name.split('/')[0]) for name in found
+              if re.fullmatch(r'\d+/commit_success\.txt', name)}
+  return bool(complete and started - complete)
+
+
+def own_lines(stderr: str) -> list[str]:
+  """The run's lines, without tensorstore's complaint that the emulator's bucket has no
+  credentials (a real bucket's VM has them)."""
+  return [line for line in stderr.strip().splitlines()
+          if not (line.startswith('E') and 'google_auth_provider' in line)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('victim', [1, 0])
+def test_a_process_lost_during_a_save_to_a_bucket_ends_the_other_at_once_and_the_rerun_proceeds(
+    victim, uninterrupted, bucket):
+  """The survivor learns of the loss from its lifeline, not JAX's heartbeat, and ends within seconds
+  in the one line naming the bucket's newest checkpoint; the rerun at once is not locked out
+  (process 0 survived: it released its lock; it was killed: its lock, left on this machine, is
+  taken over) and ends as if never lost."""
+  workdir = f'{bucket}/run'
+  processes = launch_two_processes(ARGS, lambda i: workdir)
+  killed = kill_once(processes, victim, lambda: saving_after_a_checkpoint(workdir))
+  survivor = processes[1 - victim]
+  _, stderr = survivor.communicate(timeout=120)
+  seconds = time.monotonic() - killed
+  processes[victim].communicate()
+  assert survivor.returncode == 1 and seconds < 10, (survivor.returncode, seconds, stderr)
+  assert own_lines(stderr) == [lost_line(workdir, max(complete_epochs(workdir)), survivor)]
+
+  rerun = launch_two_processes(ARGS, lambda i: workdir)
+  outputs = finish(rerun)
+  assert [p.returncode for p in rerun] == [0, 0], [err for _, err in outputs]
+  killed_0 = took_over(workdir, f'host {socket.gethostname()}, pid {processes[0].pid}')
+  assert [line for line in own_lines(outputs[0][1]) if 'took over' in line] == (
+      [killed_0] if victim == 0 else [])
+  assert without_timings(records(workdir)) == without_timings(read_metrics(uninterrupted[0]))
 
 
 def test_the_relay_says_jax_s_abort_as_the_run_s_line_and_nothing_after_it():

@@ -13,7 +13,7 @@ import pytest
 from errors import UserError
 from tests.conftest import ROOT, override_flags, run_train
 from trainer.reporting import METRICS_FILE
-from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock
+from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock, this_machine
 
 HOLD = ('import sys, time; from trainer.run_dir import RunDirectory, RunLock\n'
         'with RunLock(RunDirectory(sys.argv[1]), stale_after=float((sys.argv[2:] or [120])[0])):\n'
@@ -47,19 +47,40 @@ def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refuse
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
 
-def test_a_lock_whose_holder_was_killed_never_blocks(tmp_path):
-  holder = subprocess.Popen([sys.executable, '-c', HOLD, str(tmp_path)], cwd=ROOT,
+def hold(workdir, stale_after: float = 120) -> subprocess.Popen:
+  """Another process holding the run lock of `workdir` until killed."""
+  holder = subprocess.Popen([sys.executable, '-c', HOLD, str(workdir), str(stale_after)], cwd=ROOT,
                             stdout=subprocess.PIPE, text=True)
+  assert holder.stdout.readline().strip() == 'held'
+  return holder
+
+
+def kill(holder: subprocess.Popen) -> None:
+  holder.send_signal(signal.SIGKILL)
+  holder.wait()
+
+
+@pytest.mark.parametrize('where', ['folder', 'bucket'])
+def test_a_lock_whose_holder_was_killed_is_taken_over_at_once_saying_so(where, tmp_path, request):
+  """A live holder is never taken over; a killed one on this machine at once, on a bucket too."""
+  workdir = f'{request.getfixturevalue("bucket")}/run' if where == 'bucket' else str(tmp_path)
+  holder = hold(workdir)
   try:
-    assert holder.stdout.readline().strip() == 'held'
-    with pytest.raises(UserError, match=f'pid {holder.pid}'):
-      with RunLock(RunDirectory(tmp_path)):
+    with pytest.raises(UserError, match=f'in use by a training run \\(host \\S+, pid {holder.pid}'):
+      with RunLock(RunDirectory(workdir)):
         pass
   finally:
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
-  with RunLock(RunDirectory(tmp_path)):
+    kill(holder)
+  warnings = []
+  start = time.monotonic()
+  with RunLock(RunDirectory(workdir), warn=warnings.append):
+    assert time.monotonic() - start < 10  # Not the 120 s a silent lock of another machine waits.
+  assert warnings == [f'took over the run directory {workdir} from a run that ended without '
+                      f'releasing its lock (host {socket.gethostname()}, pid {holder.pid}; that '
+                      'process is gone)']
+  with RunLock(RunDirectory(workdir), warn=warnings.append):  # Released: nothing to say.
     pass
+  assert len(warnings) == 1
 
 
 @pytest.mark.slow
@@ -102,8 +123,8 @@ def lock_text(url: str) -> str:
 def test_on_cloud_storage_one_run_wins_and_the_lock_is_emptied_at_the_end(bucket):
   workdir = f'{bucket}/run'
   with RunLock(RunDirectory(workdir)):
-    assert lock_text(workdir) == (f'host {socket.gethostname()}, pid {os.getpid()}; stale after '
-                                  '120 s\n')
+    assert lock_text(workdir) == (f'host {socket.gethostname()}, pid {os.getpid()}; machine '
+                                  f'{this_machine()}; stale after 120 s\n')
     with pytest.raises(UserError, match=rf'the run directory {workdir} is in use by a training '
                                         rf'run \(host {socket.gethostname()}, pid {os.getpid()}; '
                                         r'its lock was refreshed \d+ s ago'):
@@ -123,24 +144,22 @@ def test_on_cloud_storage_the_owner_keeps_its_lock_fresh(bucket):
         pass
 
 
-def test_on_cloud_storage_a_silent_lock_is_taken_over_saying_so(bucket):
+def test_on_cloud_storage_a_silent_lock_of_another_machine_is_taken_over_saying_so(bucket):
+  """Whether a run on another machine is alive only its silence tells: after stale_after."""
   workdir = f'{bucket}/run'
-  holder = subprocess.Popen([sys.executable, '-c', HOLD, workdir, '2'], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True)
-  try:
-    assert holder.stdout.readline().strip() == 'held'
-  finally:
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
-  with pytest.raises(UserError, match=f'pid {holder.pid}'):  # Not silent long enough yet.
-    with RunLock(RunDirectory(workdir), stale_after=2.0):
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').upload_from_string(
+      'host elsewhere, pid 1; machine another; stale after 2 s\n')
+  with pytest.raises(UserError, match='host elsewhere, pid 1; its lock was refreshed'):
+    with RunLock(RunDirectory(workdir), stale_after=2.0):  # Not silent long enough yet.
       pass
   time.sleep(2.0)
   warnings = []
   with RunLock(RunDirectory(workdir), stale_after=2.0, warn=warnings.append) as lock:
     lock.check()
-    assert lock_text(workdir).endswith(f'pid {os.getpid()}; stale after 2 s\n')
-  assert len(warnings) == 1 and f'pid {holder.pid}' in warnings[0]
+    assert lock_text(workdir).endswith(f'pid {os.getpid()}; machine {this_machine()}; stale after '
+                                       '2 s\n')
+  assert len(warnings) == 1 and '(host elsewhere, pid 1): killed, or its VM deleted' in warnings[0]
   assert 'stopped refreshing its lock' in warnings[0]
 
 

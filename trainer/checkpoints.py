@@ -405,6 +405,13 @@ class Checkpoints(ClosedOnExit):
     with self._writing():
       self._manager.wait_until_finished()
 
+  def __exit__(self, exc_type, *exc_info) -> None:
+    """A lost peer's error leaves at once: a save in flight waits on that peer and never ends."""
+    if processes.lost_a_peer(exc_info[0] if exc_info else None):
+      self._failed = True  # Orbax's abandoned save may still report: muted to the end.
+      return
+    super().__exit__(exc_type, *exc_info)
+
   def close(self) -> None:
     """Waits for the saves (then orbax's background deletions), and stops muting its reports."""
     try:

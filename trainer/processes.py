@@ -8,6 +8,7 @@ the run's stderr passes through a relay process, `python -m trainer.processes RU
 which outlives the abort and turns it into the run's one line; once that line is out, nothing else
 follows. JAX is imported inside the functions that use it: the relay never imports it."""
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -185,12 +186,16 @@ def relay(lines: Iterable[bytes], out: BinaryIO, lost_line: Callable[[], str]) -
     pass
 
 
+_RELAYS: list[subprocess.Popen] = []  # The relay this process's stderr goes through, if any.
+
+
 def start_relay(run_dir: RunDirectory, command: str) -> None:
   """Sends this process's stderr through the relay from now on; stderr as it was if none starts."""
   read, write = os.pipe()
   try:  # The run directory by its absolute name: the relay runs from the project's root.
-    subprocess.Popen([sys.executable, '-m', 'trainer.processes', run_dir.name, command], stdin=read,
-                     stdout=subprocess.DEVNULL, cwd=ROOT)
+    _RELAYS.append(subprocess.Popen(
+        [sys.executable, '-m', 'trainer.processes', run_dir.name, command], stdin=read,
+        stdout=subprocess.DEVNULL, cwd=ROOT))
   except OSError:
     os.close(write)
     return
@@ -199,6 +204,40 @@ def start_relay(run_dir: RunDirectory, command: str) -> None:
   sys.stderr.flush()
   os.dup2(write, 2)
   os.close(write)
+
+
+_HOLDS: list[int] = []  # The read end of hold_stderr()'s pipe, kept open: its writers wait.
+
+
+def hold_stderr() -> None:
+  """Points file descriptor 2 at a full pipe that nobody reads, and sys.stderr at the real one.
+
+  JAX's abort writes its fatal log there first, so it waits until the run's own line is out and
+  the process ends (end_now): where JAX would end the process, the line still comes first."""
+  read, write = os.pipe()
+  os.set_blocking(write, False)
+  with contextlib.suppress(BlockingIOError):
+    while True:  # A write larger than PIPE_BUF fails only once no byte fits.
+      os.write(write, bytes(65536))
+  os.set_blocking(write, True)
+  sys.stderr.flush()
+  real = os.dup(2)
+  os.dup2(write, 2)
+  os.close(write)
+  _HOLDS.append(read)
+  sys.stderr = os.fdopen(real, 'w', buffering=1, encoding=sys.stderr.encoding)
+
+
+def end_now(status: int) -> None:
+  """Ends the process at once (os._exit), once the relay has passed on its last line: the shell's
+  prompt, or a launcher seeing the exit, never comes before it."""
+  sys.stderr.flush()
+  if _RELAYS:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stderr.fileno())  # The relay's pipe closes: it writes what it has, ends.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+      _RELAYS[0].wait(timeout=5)
+  os._exit(status)
 
 
 if __name__ == '__main__':

@@ -142,10 +142,42 @@ class RunDirectory:
 
 LOCK_FILE = 'run.lock'
 STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.
+_HELD: set['RunLock'] = set()  # The locks this process holds, for release_held_locks().
 
 
 def _owner() -> str:
   return f'host {socket.gethostname()}, pid {os.getpid()}'
+
+
+def this_machine() -> str | None:
+  """This kernel's boot and PID namespace, where a pid names one process; None off Linux.
+
+  A host name alone is not enough: two VMs, or two containers, may share one."""
+  try:
+    with open('/proc/sys/kernel/random/boot_id', encoding='ascii') as boot:
+      namespace = re.sub(r'\D', '', os.readlink('/proc/self/ns/pid'))
+      return f'{boot.read().strip()}-{namespace}'
+  except OSError:
+    return None
+
+
+def _gone(holder: str) -> bool:
+  """Whether a lock's owner ran on this machine and its process has ended: certain, not stale."""
+  machine, pid = re.search(r'; machine ([^;\s]+)', holder), re.search(r'\bpid (\d+)', holder)
+  if not (machine and pid and machine.group(1) == this_machine()):
+    return False
+  try:
+    os.kill(int(pid.group(1)), 0)  # Signal 0: asks only whether the process exists.
+  except ProcessLookupError:
+    return True
+  except OSError:  # PermissionError: another user's process, alive.
+    pass
+  return False
+
+
+def _taken_over(workdir: 'RunDirectory', holder: str) -> str:
+  return (f'took over the run directory {workdir} from a run that ended without releasing its '
+          f'lock ({holder}; that process is gone)')
 
 
 def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> UserError:
@@ -156,8 +188,8 @@ def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> UserError:
 class _Flock:
   """The kernel drops an flock when its holder exits or is killed, so a stale lock never blocks."""
 
-  def __init__(self, workdir: RunDirectory):
-    self._workdir = workdir
+  def __init__(self, workdir: RunDirectory, warn: Callable[[str], None]):
+    self._workdir, self._warn = workdir, warn
     self._file: TextIO | None = None
     self._path = workdir.file(LOCK_FILE)
 
@@ -170,6 +202,10 @@ class _Flock:
       holder = lock.read().strip() or 'another process'
       lock.close()
       return _busy(self._workdir, holder)
+    lock.seek(0)
+    left = lock.read().strip()  # A holder that ended releasing it left it empty.
+    if left:
+      self._warn(_taken_over(self._workdir, left))
     lock.truncate(0)
     lock.write(f'{_owner()}\n')
     lock.flush()
@@ -206,13 +242,15 @@ class _ObjectLock:
         found = self._blob.bucket.get_blob(self._blob.name)
         holder, silent = self._holder(found) if found else ('', 0)
         stale_after = max(self._stale_after, _stale_after_of(holder))
-        if holder and silent < stale_after:
+        gone = bool(holder) and _gone(holder)
+        if holder and silent < stale_after and not gone:
           return _busy(self._workdir, holder.split('; ')[0], f'; its lock was refreshed {silent} s '
                        f'ago, and is taken over once silent for {stale_after:.0f} s')
         if not self._write(expected=found.generation if found else 0):
           return _busy(self._workdir, 'another run took the lock first')
         if holder:
-          self._warn(f'took over the run directory {self._workdir} from a run that stopped '
+          self._warn(_taken_over(self._workdir, holder.split('; ')[0]) if gone else
+                     f'took over the run directory {self._workdir} from a run that stopped '
                      f'refreshing its lock {silent} s ago ({holder.split("; ")[0]}): killed, or '
                      'its VM deleted')
     self._beat.start()
@@ -227,7 +265,9 @@ class _ObjectLock:
   def _write(self, expected: int | None, text: str | None = None) -> bool:
     """Writes the lock if its generation is `expected`; False if another run wrote it first."""
     from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
-    owner = f'{_owner()}; stale after {self._stale_after:g} s\n'
+    machine = this_machine()  # Lets a newcomer on this machine see at once that the owner is gone.
+    owner = (f'{_owner()}{f"; machine {machine}" if machine else ""}; stale after '
+             f'{self._stale_after:g} s\n')
     try:
       self._blob.upload_from_string(owner if text is None else text, if_generation_match=expected)
     except exceptions.PreconditionFailed:
@@ -278,14 +318,21 @@ class RunLock:
                stale_after: float = STALE_AFTER_S, warn: Callable[[str], None] = lambda _: None):
     self._workdir, self._enabled, self._everyone = workdir, enabled, everyone
     self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, stale_after, warn) if workdir.remote
-                             else _Flock(workdir))
+                                          else _Flock(workdir, warn))
+    self._releasing = threading.Lock()
 
   def __enter__(self) -> 'RunLock':
     refusal = self._holder.take() if self._enabled else None
-    if not self._everyone(refusal is None):
-      raise refusal or UserError(
-          f'process 0 found the run directory {self._workdir} in use by another training run; '
-          'wait for it to end or stop it, or pass another --workdir')
+    if self._enabled and refusal is None:
+      _HELD.add(self)
+    try:
+      if not self._everyone(refusal is None):
+        raise refusal or UserError(
+            f'process 0 found the run directory {self._workdir} in use by another training run; '
+            'wait for it to end or stop it, or pass another --workdir')
+    except BaseException:  # A refusal, or a peer lost in the vote: no with-block to release it.
+      self.release()
+      raise
     return self
 
   def check(self) -> None:
@@ -297,5 +344,25 @@ class RunLock:
                       'Storage); this run stops without writing more')
 
   def __exit__(self, *exc_info) -> None:
-    if self._enabled:
-      self._holder.release()
+    self.release()
+
+  def release(self) -> None:
+    """Lets the lock go if held, once: the run's end and a thread ending the process may both ask.
+
+    A second caller waits for the first; a signal handler interrupting a release gives up after a
+    few seconds rather than wait on itself."""
+    if not self._releasing.acquire(timeout=5):
+      return
+    try:
+      if self in _HELD:
+        _HELD.discard(self)
+        self._holder.release()
+    finally:
+      self._releasing.release()
+
+
+def release_held_locks() -> None:
+  """Releases the run locks this process holds, before it ends at once (os._exit) and so certainly
+  writes nothing more: a rerun need not wait for a lock left behind to go stale."""
+  for lock in list(_HELD):
+    lock.release()
