@@ -183,8 +183,10 @@ def kill_once(processes: list[subprocess.Popen], victim: int, ready) -> float:
   """kill -9 of process `victim` as soon as `ready()`, with every process still running; when."""
   deadline = time.monotonic() + 240
   while not ready():
-    ended = [p.communicate()[1] for p in processes if p.poll() is not None]
-    assert time.monotonic() < deadline and not ended, ended
+    if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+      for p in processes:
+        p.kill()
+      pytest.fail(f'not ready in time or ended first: {[p.communicate()[1] for p in processes]}')
     time.sleep(0.002)
   processes[victim].kill()
   return time.monotonic()
