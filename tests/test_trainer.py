@@ -15,7 +15,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from data.mnist import load_split
 from errors import UserError
-from trainer.run import compile_epochs, learning, place
+from trainer.run import compile_epochs, learning
 from mlp import steps
 from trainer import loop
 from trainer.reporting import TAGS, Reporter
@@ -114,9 +114,10 @@ def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_th
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run, on_mesh = compile_epochs(config, place(config), None, examples)
+  run = compile_epochs(config, None, examples)
+  on_mesh = run.fresh_state()
   state = jax.device_get(on_mesh)
-  sums = jax.device_get(run.programs.evaluate(on_mesh, run.eval_data))
+  sums = jax.device_get(run.eval_program(on_mesh, run.eval_data))
   assert int(sums['count']) == 1999
   images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
   logits = state.model()(images)
@@ -143,7 +144,7 @@ def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, ope
   config = make_config(matmul_precision=precision, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  programs = compile_epochs(config, place(config), train, evaluation)[0].programs
-  for program in (programs.train, programs.evaluate):
+  epochs = compile_epochs(config, train, evaluation)
+  for program in (epochs.train_program, epochs.eval_program):
     found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
     assert found == ({operands} if operands else set())  # XLA's default leaves it unset.
