@@ -25,7 +25,7 @@ from etils import epath
 
 from mlp import steps
 from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
-from errors import ClosedOnExit, UserError, causes, write_failed
+from errors import UserError, causes, write_failed
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -258,7 +258,7 @@ def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   return None
 
 
-class Checkpoints(ClosedOnExit):
+class Checkpoints:
   """A run directory's checkpoints, a folder per saved epoch: asynchronous saves, verified restores.
 
   Every process of a multi-process run must make the same calls: orbax coordinates the writes, and
@@ -296,7 +296,7 @@ class Checkpoints(ClosedOnExit):
     # A copy of our own: the next epoch takes over the state's device buffers.
     meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API},
                      jax.tree.map(np.array, jax.device_get(tree)))
-    with self._writing():  # Orbax raises a failed background write at the next save.
+    with self._save_failures_said():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
     self.save_pauses.append(time.perf_counter() - start)
@@ -311,7 +311,8 @@ class Checkpoints(ClosedOnExit):
       self.wait()
 
   @contextlib.contextmanager
-  def _writing(self) -> Iterator[None]:
+  def _save_failures_said(self) -> Iterator[None]:
+    """A save that failed, as the user's one line naming the checkpoint to resume from."""
     try:
       yield
     except (OSError, ValueError) as error:  # Orbax passes on tensorstore's ValueError.
@@ -419,15 +420,23 @@ class Checkpoints(ClosedOnExit):
 
   def wait(self) -> None:
     """Returns once every save started is complete on disk."""
-    with self._writing():
+    with self._save_failures_said():
       self._manager.wait_until_finished()
 
+  def __enter__(self) -> 'Checkpoints':
+    return self
+
   def __exit__(self, exc_type, *exc_info) -> None:
-    """A lost peer's error leaves at once: a save in flight waits on that peer and never ends."""
+    """Closes, where a failure to close never hides an earlier error; a lost peer's error leaves at
+    once: a save in flight waits on that peer and never ends."""
     if processes.lost_a_peer(exc_info[0] if exc_info else None):
       self._failed = True  # Orbax's abandoned save may still report: muted to the end.
       return
-    super().__exit__(exc_type, *exc_info)
+    try:
+      self.close()
+    except UserError:
+      if exc_type is None:  # Else the error already on its way out is the one to report.
+        raise
 
   def close(self) -> None:
     """Waits for the saves (then orbax's background deletions), and stops muting its reports."""
@@ -435,7 +444,7 @@ class Checkpoints(ClosedOnExit):
       self.wait()
     finally:
       try:
-        with self._writing():
+        with self._save_failures_said():
           self._manager.close()
       finally:
         self._reports.close(abandoned=self._failed)

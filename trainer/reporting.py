@@ -76,7 +76,7 @@ def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
 
 def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> None:
   """The whole file anew: an object store cannot append, and a reader never sees half a line."""
-  with _writing(run_dir.file(name)):
+  with _refusal_said(run_dir.file(name)):
     run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
 
 
@@ -98,7 +98,7 @@ def warn(message: str, enabled: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def _writing(path: str) -> Iterator[str]:
+def _refusal_said(path: str) -> Iterator[str]:
   """Turns a refused write under `path` into the user's one line."""
   try:
     yield path
@@ -121,7 +121,7 @@ class _EventsFile:
     event.wall_time = time.time()
     framed = io.BytesIO()
     RecordWriter(framed).write(event.SerializeToString())
-    with _writing(self._run_dir.file(self._name)):
+    with _refusal_said(self._run_dir.file(self._name)):
       if self._run_dir.remote:
         self._whole += framed.getvalue()
         self._run_dir.write(self._name, self._whole)
@@ -179,7 +179,7 @@ class Reporter:
     for name, pixels in pictures.items():
       png = io.BytesIO()
       Image.fromarray(pixels).save(png, format='PNG')
-      with _writing(self._run_dir.file(f'{name}.png')):
+      with _refusal_said(self._run_dir.file(f'{name}.png')):
         self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
       height, width, channels = pixels.shape
       images.append(Summary.Value(tag=name, image=Summary.Image(
@@ -194,7 +194,7 @@ class Reporter:
     if not wanted:
       yield
       return
-    with _writing(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
+    with _refusal_said(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
                                                           create_perfetto_trace=True):
       yield
     traces = self._run_dir.glob('plugins/profile/*')

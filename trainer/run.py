@@ -176,8 +176,9 @@ class Epochs:
                   number: int) -> tuple[steps.TrainState, dict[str, float]]:
     """Epoch `number` from `state` (which it consumes); the new state and its host metrics."""
     assert self.train_program is not None and self.train_data is not None, 'built to evaluate'
-    state, sums = self.train_program(state, self.train_data, self.run_key,
-                                     replicate(np.int32(number), self.mesh))
+    with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
+      number_on_mesh = replicate(np.int32(number), self.mesh)
+    state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
     return state, steps.summarize(jax.device_get(sums))
 
   def evaluate(self, state: steps.TrainState) -> dict[str, float]:
