@@ -192,11 +192,12 @@ class Epochs:
 
 
 def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
-                   evaluation: Examples) -> Epochs:
-  """The config's epochs on its devices: keys, data on the mesh, the programs compiled ahead (so
-  that epochs time training alone); without `train`, the evaluation alone."""
+                   evaluation: Examples, where: tuple[str, Mesh] | None = None) -> Epochs:
+  """The config's epochs on its devices (`where`: its mode and mesh, if known): keys, data on the
+  mesh, the programs compiled ahead (so that epochs time training alone); without `train`, the
+  evaluation alone."""
   start = time.perf_counter()
-  mode, mesh = mode_and_mesh(config)
+  mode, mesh = where or mode_and_mesh(config)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
   recipe = learning(config, steps_per_epoch or 1)
   init_key, run_key = steps.run_keys(config.seed)
@@ -243,7 +244,7 @@ class Run:
 def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
              lock_stale_after: float = STALE_AFTER_S, evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
-  mode_and_mesh(config)  # Checks the devices against the config before any work.
+  where = mode_and_mesh(config)  # Checks the devices against the config before any work.
   splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
                                                            config.data.eval_split]
   *train, examples = load_splits(config.data, *splits)
@@ -258,7 +259,7 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
           enabled=primary, on_every_process=processes.true_on_every_process,
           stale_after=lock_stale_after, warn=reporter.warn))
       processes.check_shared_directory(run_dir)
-    epochs = compile_epochs(config, train[0] if train else None, examples)
+    epochs = compile_epochs(config, train[0] if train else None, examples, where)
     checkpoints = stack.enter_context(Checkpoints(run_dir, config, epochs.run_key,
                                                   read_only=evaluate_only, primary=primary))
     yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)
