@@ -57,23 +57,6 @@ class ConfigError(UserError):
     self.fix = fix  # A value to pass instead, or the form one takes.
 
 
-class ClosedOnExit:
-  """A context manager closing on exit, where a failure to close never hides an earlier error."""
-
-  def close(self) -> None:
-    raise NotImplementedError
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, exc_type, *exc_info) -> None:
-    try:
-      self.close()
-    except UserError:
-      if exc_type is None:  # Else the error already on its way out is the one to report.
-        raise
-
-
 def _os_reason(text: str) -> str:
   """The OS's reason inside orbax's (tensorstore's) error text, whose form varies by version."""
   found = TENSORSTORE_OS_REASON.search(text)

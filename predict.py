@@ -95,8 +95,8 @@ def main(argv: list[str]) -> None:
     config, restored = evaluation.restore_run(workdir)
   except UserError as error:
     fail(str(error), 1)
-  for epoch, why in restored.damaged:
-    reporting.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
+  for line in restored.warnings():
+    reporting.warn(line)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
         f'epoch {restored.epoch} in {workdir}', file=sys.stderr)

@@ -184,7 +184,7 @@ def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
     threading.Event().wait()  # The other thread is ending the process.
   from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
   processes.hold_stderr()  # JAX, where it aborts the process now, waits for this line.
-  line = processes.message(run_dir, this_command())
+  line = processes.lost_peer_line(run_dir, this_command())
   run_dirs.release_held_locks()
   sys.stdout.flush()
   fail(line, 1, exit_now=processes.end_now)
@@ -200,7 +200,7 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
     launch = processes.Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               _DISTRIBUTED.value, _INIT_TIMEOUT.value)
     # From a watchdog thread, where sys.exit would end only the thread.
-    joined = processes.join(launch, give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    joined = processes.join_run(launch, give_up=functools.partial(fail, status=1, exit_now=os._exit))
   except UserError as error:
     fail(advice(error), 1)
   if joined:

@@ -29,10 +29,9 @@ from benchmarks import workload
 from configs import default
 from data.mnist import load_split
 from errors import UserError, fail
-from mlp import batches, steps
+from mlp import steps
 from trainer import checkpoints as checkpoint
 from trainer.run_dir import RunDirectory
-from trainer.run import state_template
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 LAUNCHES = flags.DEFINE_integer('launches', 5, 'train.py runs per cadence (the median is shown).',
@@ -135,10 +134,10 @@ def measure(data_dir: str) -> None:
   examples = load_split(config.data, config.data.train_split)
   training = _Training(workload.TrainerRun(config, examples))
   training.train()  # Warm-up.
-  template = state_template(config, training.trainer.mesh,
-                            batches.whole_batches(len(examples), config.batch_size))
+  template = training.trainer.template
   with tempfile.TemporaryDirectory() as workdir:
-    with checkpoint.Checkpoints(RunDirectory(workdir), config) as checkpoints:
+    with checkpoint.Checkpoints(RunDirectory(workdir), config,
+                                training.trainer.run_key) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)
       plain, saving = time_epochs(checkpoints, training)
       restores, fingerprints, epoch = time_restores(checkpoints, template,

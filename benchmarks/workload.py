@@ -20,7 +20,7 @@ from data.splits import SPLIT_SIZES
 from errors import UserError, fail
 from mlp import epoch as epoch_lib
 from mlp import steps
-from trainer.run import compile_epochs, place
+from trainer.run import compile_epochs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -108,12 +108,14 @@ class TrainerRun:
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                state: steps.TrainState | None = None):
     """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
-    self._run, self._state = compile_epochs(config, place(config), examples, examples, state)
+    self._run = compile_epochs(config, examples, examples)
+    self._state = self._run.fresh_state() if state is None else state
     # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
     # start from it to train exactly what the trainer trains.
     self.start_state: steps.TrainState = jax.device_get(self._state)
     self.run_key: jax.Array = self._run.run_key  # Drives every epoch's order and dropout.
-    self.placement: str = self._run.programs.placement
+    self.template: steps.TrainState = self._run.template  # What a checkpoint restores into.
+    self.placement: str = self._run.placement
     self.mesh: Mesh = self._run.mesh
     self.images_per_epoch: int = self._run.steps_per_epoch * config.batch_size
 
@@ -136,7 +138,7 @@ class TrainerRun:
 
   def compiled_text(self) -> str:
     """The compiled training epoch as XLA text, for reading its ops' names."""
-    train = self._run.programs.train
+    train = self._run.train_program
     if train is None or not hasattr(train, 'as_text'):
       raise UserError(f'{self.placement}: pmap keeps its compiled program to itself; '
                       'use --parallel=jit or --parallel=mesh')

@@ -13,9 +13,7 @@ def learning_rate_schedule(peak: float, shape: str, warmup_steps: int,
     return optax.warmup_cosine_decay_schedule(0.0, peak, warmup_steps, total_steps, end_value=0.0)
   if warmup_steps == 0:
     return optax.constant_schedule(peak)
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, warmup_steps), optax.constant_schedule(peak)],
-      [warmup_steps])
+  return optax.warmup_constant_schedule(0.0, peak, warmup_steps)
 
 
 def make_optimizer(name: str, rate: optax.Schedule, weight_decay: float = 0.0,

@@ -1,13 +1,11 @@
 """Pure step functions over an explicit train state: easy to jit, pmap or scan."""
 
-import dataclasses
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from flax import struct
 
 from mlp.model import MLP
 
@@ -15,28 +13,17 @@ Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
 
 
-@struct.dataclass
-class TrainState:
-  """NNX's functional form of a model in training: arrays to jit, scan, shard and checkpoint.
+class TrainState(nnx.TrainState):
+  """NNX's functional form of a model in training (flax's own nnx.TrainState): arrays to jit, scan,
+  shard and checkpoint, and the model rebuilt from them.
 
   The step count, parameters and optimizer state are the pytree; how to rebuild the model from its
-  parameters (the graphdef) and the optimizer are static fields.
+  parameters (the graphdef) and the optimizer are static.
   """
-  step: jax.Array | int
-  params: nnx.State  # The model's nnx.Param state, split from it once.
-  opt_state: optax.OptState
-  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
-  tx: optax.GradientTransformation = struct.field(pytree_node=False)
 
   def model(self, params: nnx.State | None = None) -> MLP:
     """The model with these parameters (or `params`), merged inside the traced function."""
     return nnx.merge(self.graphdef, self.params if params is None else params)
-
-  def apply_gradients(self, grads: nnx.State) -> 'TrainState':
-    """One optax update: the next step's state (a new value, as jit and scan want)."""
-    updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
-    return dataclasses.replace(self, step=self.step + 1, opt_state=opt_state,
-                               params=optax.apply_updates(self.params, updates))
 
 
 def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
@@ -49,7 +36,7 @@ def create_train_state(make_model: Callable[..., MLP], tx: optax.GradientTransfo
                        rng: jax.Array) -> TrainState:
   """Initial parameters from `rng`, and the optimizer's state for them: step 0 of a run."""
   graphdef, params = nnx.split(make_model(rngs=nnx.Rngs(params=rng)), nnx.Param)
-  return TrainState(step=0, params=params, opt_state=tx.init(params), graphdef=graphdef, tx=tx)
+  return TrainState.create(graphdef, params=params, tx=tx)
 
 
 def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> Metrics:

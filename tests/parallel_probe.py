@@ -16,7 +16,7 @@ from data.mnist import load_split
 from tests.conftest import make_config
 from trainer import run as devices
 from trainer import loop
-from trainer.run import compile_epochs, place
+from trainer.run import compile_epochs
 from trainer.run_dir import RunDirectory
 
 # Dropout, pixel shifts and distortions on, all keyed by example, so one device and many compute the same
@@ -51,8 +51,8 @@ def same(a, b) -> bool:
 def walk_replicated_state(config) -> dict:
   """One epoch on the mesh, then epoch 2 twice: straight on, and from a host copy put back."""
   train = load_split(config.data, config.data.train_split)
-  run, start = compile_epochs(config, place(config), train,
-                          load_split(config.data, config.data.eval_split))
+  run = compile_epochs(config, train, load_split(config.data, config.data.eval_split))
+  start = run.fresh_state()
   initial = jax.device_get(start)
   report = {'mesh_size': run.mesh.size, 'initial_shapes': shapes(initial),
             'replicated': all(x.sharding.is_fully_replicated and x.sharding.mesh.size == 8
@@ -66,7 +66,7 @@ def walk_replicated_state(config) -> dict:
   straight, straight_metrics = run.train_epoch(state, 2)
   report['resumed_metrics_equal'] = straight_metrics == resumed_metrics
   report['resumed_state_equal'] = same(jax.device_get(straight), jax.device_get(resumed))
-  report['eval_count'] = int(jax.device_get(run.programs.evaluate(straight, run.eval_data))['count'])
+  report['eval_count'] = int(jax.device_get(run.eval_program(straight, run.eval_data))['count'])
   return report
 
 

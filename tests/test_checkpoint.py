@@ -25,7 +25,7 @@ from trainer import checkpoints as checkpoint
 from trainer import config_rules
 from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
-from trainer.run import place, state_template
+from trainer.run import mode_and_mesh, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
@@ -68,10 +68,15 @@ def small_copy(small_run, tmp_path):
   return shutil.copytree(small_run, tmp_path / 'run')
 
 
+def run_key(config):
+  """The key a run of the config saves, which its checkpoints are checked against."""
+  return steps.run_keys(config.seed)[1]
+
+
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = state_template(config, place(config).mesh, steps_per_epoch=1)
-  with Checkpoints(RunDirectory(workdir), config, read_only=True) as checkpoints:
+  template = state_template(config, mode_and_mesh(config)[1])
+  with Checkpoints(RunDirectory(workdir), config, run_key(config), read_only=True) as checkpoints:
     return checkpoints.restore(template)
 
 
@@ -273,9 +278,10 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   config = make_config(**SMALL)
   other = make_config(**SMALL, model__hidden_sizes=(64,))
   before = snapshot(small_copy)
-  with Checkpoints(RunDirectory(small_copy), config, read_only=True) as checkpoints:
+  with Checkpoints(RunDirectory(small_copy), config, run_key(config),
+                   read_only=True) as checkpoints:
     with pytest.raises(UserError) as error:
-      checkpoints.restore(state_template(other, place(other).mesh, steps_per_epoch=1))
+      checkpoints.restore(state_template(other, mode_and_mesh(other)[1]))
   message = str(error.value)
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')
@@ -465,14 +471,14 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
 
 def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_aside(tmp_path):
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
-  template = state_template(config, place(config).mesh, steps_per_epoch=1)
+  template = state_template(config, mode_and_mesh(config)[1])
   state = jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
                        template)
-  with Checkpoints(RunDirectory(tmp_path), config) as checkpoints:
+  with Checkpoints(RunDirectory(tmp_path), config, run_key(config)) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [2, 3]  # Deleted in the background, done once closed.
-  with Checkpoints(RunDirectory(tmp_path), config) as checkpoints:
+  with Checkpoints(RunDirectory(tmp_path), config, run_key(config)) as checkpoints:
     assert checkpoints.set_aside([3]) == [str(tmp_path / f'{DAMAGED_PREFIX}3')]
     for epoch in (3, 4):  # Its epoch can be saved again.
       checkpoints.save(epoch, state, force=True)
@@ -734,7 +740,7 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   unraisable = []
   monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
   array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
-  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config())
+  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config(), run_key(make_config()))
   loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
   def shown(message: str, exception: Exception) -> list[bool]:

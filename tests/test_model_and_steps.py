@@ -74,7 +74,7 @@ def test_batch_metrics_on_hand_computed_logits():
 def test_train_step_lowers_the_loss_on_its_batch():
   config = make_config(model__hidden_sizes=(32,), learning_rate=1e-2, warmup_epochs=0,
                        schedule='constant')
-  state = create_state(config, jax.random.key(0), steps_per_epoch=10)
+  state = create_state(learning(config, steps_per_epoch=10), jax.random.key(0))
   batch = {'image': jax.random.normal(jax.random.key(1), (16, 784)),
            'label': jnp.arange(16) % 10}
   losses = []

@@ -19,7 +19,7 @@ from flax import nnx
 from data.mnist import Examples, load_splits
 from mlp import augment, batches, epoch, steps
 from mlp.model import MLP
-from trainer.run import compile_epochs, epoch_spec, learning, place
+from trainer.run import compile_epochs, epoch_spec, learning
 from tests.conftest import make_config
 
 # A distortion with every range away from its default.
@@ -53,7 +53,8 @@ def first_step(mnist_dir) -> FirstStep:
   """Epoch 1 of RECIPE as the trainer compiles and runs it."""
   config = recipe()
   train, evaluation = load_splits(config.data, config.data.train_split, config.data.eval_split)
-  epochs, state = compile_epochs(config, place(config), train, evaluation)
+  epochs = compile_epochs(config, train, evaluation)
+  state = epochs.fresh_state()
   before = jax.device_get(state)  # The epoch consumes (donates) the state it starts from.
   after, metrics = epochs.train_epoch(state, 1)
   return FirstStep(before, jax.device_get(after), metrics, train)

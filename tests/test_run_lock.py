@@ -36,13 +36,13 @@ def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
 def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
   votes = []
 
-  def everyone(ok: bool) -> bool:  # The collective, as process 1 sees it when process 0 is refused.
+  def on_every_process(ok: bool) -> bool:  # The collective, as process 1 sees it when process 0 is refused.
     votes.append(ok)
     return False
 
   with pytest.raises(UserError, match=f'process 0 found the run directory {tmp_path} in use by '
                                       'another training run'):
-    with RunLock(RunDirectory(tmp_path), enabled=False, everyone=everyone):
+    with RunLock(RunDirectory(tmp_path), enabled=False, on_every_process=on_every_process):
       pass
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import threading
 
 import jax
@@ -15,9 +16,9 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from data.mnist import load_split
 from errors import UserError
-from trainer.run import compile_epochs, learning, place
+from trainer.run import compile_epochs, learning
 from mlp import steps
-from trainer import loop
+from trainer import loop, processes
 from trainer.reporting import TAGS, Reporter
 from trainer.run_dir import RunDirectory
 from tests.conftest import make_config, override_flags, read_metrics, run_train
@@ -114,9 +115,10 @@ def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_th
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run, on_mesh = compile_epochs(config, place(config), None, examples)
+  run = compile_epochs(config, None, examples)
+  on_mesh = run.fresh_state()
   state = jax.device_get(on_mesh)
-  sums = jax.device_get(run.programs.evaluate(on_mesh, run.eval_data))
+  sums = jax.device_get(run.eval_program(on_mesh, run.eval_data))
   assert int(sums['count']) == 1999
   images = (examples.images.astype(np.float32) / 255.0 - 0.1307) / 0.3081
   logits = state.model()(images)
@@ -143,7 +145,55 @@ def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, ope
   config = make_config(matmul_precision=precision, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  programs = compile_epochs(config, place(config), train, evaluation)[0].programs
-  for program in (programs.train, programs.evaluate):
+  epochs = compile_epochs(config, train, evaluation)
+  for program in (epochs.train_program, epochs.eval_program):
     found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
     assert found == ({operands} if operands else set())  # XLA's default leaves it unset.
+
+
+def test_an_epoch_moves_nothing_between_host_and_devices_unasked(mnist_dir):
+  """jax.transfer_guard: an epoch's every transfer is explicit, so a host round trip (an implicit
+  copy of the data, the state or the epoch number) cannot come back unseen."""
+  config = make_config(data__train_split='train[:256]', data__eval_split='test[:100]')
+  train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
+  epochs = compile_epochs(config, train, evaluation)
+  state = epochs.fresh_state()
+  with jax.transfer_guard('disallow'):
+    with pytest.raises(jax.errors.JaxRuntimeError, match='Disallowed host-to-device transfer'):
+      epochs.train_program(state, epochs.train_data, epochs.run_key, np.int32(1))  # The guard bites.
+    state, train_metrics = epochs.train_epoch(state, 1)
+    eval_metrics = epochs.evaluate(state)
+  assert jax.device_get(state.step) == epochs.steps_per_epoch == 2
+  assert 0 < train_metrics['loss'] < 5 and 0 < eval_metrics['loss'] < 5
+
+
+def test_a_one_process_run_exchanges_nothing_between_processes_in_its_epochs(tmp_path, monkeypatch,
+                                                                             mnist_dir):
+  """The collectives of a run come at its start (the lock, the folder, the checkpoints), never per
+  epoch where there is no other process to hear."""
+  gathered = []
+  monkeypatch.setattr(processes, '_gather', lambda value: gathered.append(value) or [value])
+  tiny = dict(data__train_split='train[:256]', data__eval_split='test[:100]',
+              model__hidden_sizes=(16,))
+  counts = []
+  for num_epochs in (1, 3):
+    gathered.clear()
+    loop.train_and_evaluate(make_config(num_epochs=num_epochs, **tiny),
+                            RunDirectory(tmp_path / str(num_epochs)))
+    counts.append(len(gathered))
+  assert counts[0] == counts[1] > 0
+
+
+def test_processes_agree_on_a_stop_and_a_lost_lock_in_one_exchange(monkeypatch):
+  """Process 1's view of a two-process run: process 0 was asked to stop and lost its lock."""
+  exchanges = []
+
+  def gather(value: int) -> list[int]:
+    exchanges.append(value)
+    return [2 * signal.SIGTERM.value + 1, value]
+
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(processes, '_gather', gather)
+  assert processes.agree_at_epoch_end(None, False) == ('SIGTERM', True)
+  assert exchanges == [0]
+  assert processes.agree_at_epoch_end('SIGINT', False) == ('SIGINT', True)  # Its own comes first.

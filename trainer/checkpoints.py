@@ -25,7 +25,7 @@ from etils import epath
 
 from mlp import steps
 from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
-from errors import ClosedOnExit, UserError, causes, write_failed
+from errors import UserError, causes, write_failed
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -48,6 +48,14 @@ class Restored:
   config: dict[str, Any]  # The flat config it was saved with.
   damaged: tuple[tuple[int, str], ...]  # (epoch, why) of each newer checkpoint that failed.
   seconds: float
+  moved: tuple[str, ...] = ()  # Where the damaged ones were set aside; none when only reading.
+
+  def warnings(self) -> list[str]:
+    """The one wording of the damage a restore met: a line for each newer checkpoint passed over."""
+    if self.moved:
+      return [f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and fell '
+              f'back to epoch {self.epoch}' for (epoch, why), path in zip(self.damaged, self.moved)]
+    return [f'passed over the checkpoint of epoch {epoch}: {why}' for epoch, why in self.damaged]
 
 
 def saved_tree(state: steps.TrainState, rng_data: Any) -> dict[str, Any]:
@@ -85,24 +93,27 @@ class _MetaHandler(ocp.JsonCheckpointHandler):
   come first, in the pause; docs/checkpoints.md measures it).
   """
 
+  def __init__(self, primary: bool):
+    super().__init__()
+    self._primary = primary
+
   async def async_save(self, directory: epath.Path, item: Any = None,
                        args: Any = None) -> list[ocp.future.Future]:
     del item  # Orbax passes _MetaSave as `args`.
     return [ocp.future.CommitFutureAwaitingContractedSignals(
         self._write(directory / META_NAME, args), name='meta_save')]
 
-  @staticmethod
-  async def _write(path: epath.Path, meta: _MetaSave) -> None:
+  async def _write(self, path: epath.Path, meta: _MetaSave) -> None:
     """Process 0 writes the JSON, as JsonCheckpointHandler would, once the hash is done."""
     fields = {**meta.fields, 'fingerprint': await asyncio.to_thread(fingerprint, meta.host_tree)}
-    if processes.is_primary():
+    if self._primary:
       try:
         await asyncio.to_thread(path.write_text, json.dumps(fields))
       except OSError as error:  # A failed write() does not name the file: the report must.
         raise OSError(error.errno, error.strerror, str(path)) from error
 
 
-def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
+def _handlers(primary: bool) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   """The handlers of this app's CheckpointManagers (orbax's global registries stay as they are).
 
   One replica writes each replicated array, instead of orbax's default on CPUs and TPUs of
@@ -116,7 +127,7 @@ def _handlers() -> ocp.handlers.DefaultCheckpointHandlerRegistry:
   registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
   for args in (ocp.args.PyTreeSave, ocp.args.PyTreeRestore):
     registry.add(STATE, args, state)
-  registry.add(META, _MetaSave, _MetaHandler())
+  registry.add(META, _MetaSave, _MetaHandler(primary))
   return registry
 
 
@@ -247,20 +258,23 @@ def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   return None
 
 
-class Checkpoints(ClosedOnExit):
+class Checkpoints:
   """A run directory's checkpoints, a folder per saved epoch: asynchronous saves, verified restores.
 
-  Every process of a multi-process run must make the same calls: orbax coordinates the writes.
+  Every process of a multi-process run must make the same calls: orbax coordinates the writes, and
+  process 0 (`primary`) alone writes the files that are not orbax's.
   """
 
-  def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, *,
-               read_only: bool = False):
+  def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, run_key: jax.Array,
+               *, read_only: bool = False, primary: bool = True):
     self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
-    self._run_dir, self._read_only = run_dir, read_only
+    self._run_dir, self._read_only, self._primary = run_dir, read_only, primary
     self._config = config_rules.flat_config(config)
-    self._run_key = np.asarray(jax.random.key_data(steps.run_keys(config.seed)[1]))
-    self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(),
+    # The run's key (which a restore checks against the seed's), on the host: one copy of a
+    # replicated one.
+    self._run_key = np.asarray(jax.random.key_data(run_key).addressable_data(0))
+    self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
                                           options=_options(config, read_only))
     self._reports = _OrbaxReports(self.directory)  # Muting from here on.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
@@ -282,7 +296,7 @@ class Checkpoints(ClosedOnExit):
     # A copy of our own: the next epoch takes over the state's device buffers.
     meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API},
                      jax.tree.map(np.array, jax.device_get(tree)))
-    with self._writing():  # Orbax raises a failed background write at the next save.
+    with self._save_failures_said():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
     self.save_pauses.append(time.perf_counter() - start)
@@ -297,13 +311,14 @@ class Checkpoints(ClosedOnExit):
       self.wait()
 
   @contextlib.contextmanager
-  def _writing(self) -> Iterator[None]:
+  def _save_failures_said(self) -> Iterator[None]:
+    """A save that failed, as the user's one line naming the checkpoint to resume from."""
     try:
       yield
     except (OSError, ValueError) as error:  # Orbax passes on tensorstore's ValueError.
       self._failed = True
       # The failed save's folders go: their space back, no half checkpoint left.
-      if not self._read_only and processes.is_primary():
+      if not self._read_only and self._primary:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
@@ -315,7 +330,8 @@ class Checkpoints(ClosedOnExit):
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
-    Passes over (and reports) only checkpoints whose damage can be named; raises UserError when the
+    Passes over only checkpoints whose damage can be named, and sets them aside unless reading
+    only (Restored.warnings words them for the user); raises UserError when the
     checkpoints come from another config or code, when one cannot be read for another reason (a
     transient I/O error: nothing is set aside), or when every one is damaged.
     """
@@ -333,7 +349,9 @@ class Checkpoints(ClosedOnExit):
         continue
       state = dataclasses.replace(template, step=tree['step'], params=tree['params'],
                                   opt_state=tree['opt_state'])
-      return Restored(epoch, state, meta['config'], tuple(damaged), time.perf_counter() - start)
+      seconds = time.perf_counter() - start
+      moved = () if self._read_only else tuple(self.set_aside([e for e, _ in damaged]))  # Barrier.
+      return Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
     _none_restores(self.directory, damaged)
     return None
 
@@ -392,7 +410,7 @@ class Checkpoints(ClosedOnExit):
       while self._run_dir.path(name).exists():
         suffix += 1
         name = f'{DAMAGED_PREFIX}{epoch}.{suffix}'
-      if processes.is_primary():
+      if self._primary:
         self._run_dir.path(str(epoch)).rename(self._run_dir.path(name))
       moved.append(self._run_dir.file(name))
     if epochs:
@@ -402,15 +420,23 @@ class Checkpoints(ClosedOnExit):
 
   def wait(self) -> None:
     """Returns once every save started is complete on disk."""
-    with self._writing():
+    with self._save_failures_said():
       self._manager.wait_until_finished()
 
+  def __enter__(self) -> 'Checkpoints':
+    return self
+
   def __exit__(self, exc_type, *exc_info) -> None:
-    """A lost peer's error leaves at once: a save in flight waits on that peer and never ends."""
+    """Closes, where a failure to close never hides an earlier error; a lost peer's error leaves at
+    once: a save in flight waits on that peer and never ends."""
     if processes.lost_a_peer(exc_info[0] if exc_info else None):
       self._failed = True  # Orbax's abandoned save may still report: muted to the end.
       return
-    super().__exit__(exc_type, *exc_info)
+    try:
+      self.close()
+    except UserError:
+      if exc_type is None:  # Else the error already on its way out is the one to report.
+        raise
 
   def close(self) -> None:
     """Waits for the saves (then orbax's background deletions), and stops muting its reports."""
@@ -418,7 +444,7 @@ class Checkpoints(ClosedOnExit):
       self.wait()
     finally:
       try:
-        with self._writing():
+        with self._save_failures_said():
           self._manager.close()
       finally:
         self._reports.close(abandoned=self._failed)

@@ -10,7 +10,7 @@ from mlp import steps
 from trainer import checkpoints, config_rules, pictures
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.reporting import format_line
-from trainer.run import Epochs, Run, compile_epochs, make_mesh, open_run, state_template
+from trainer.run import Run, make_mesh, open_run, state_template
 from trainer.run_dir import RunDirectory
 
 _predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled per shape and batch.
@@ -23,10 +23,10 @@ def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
     return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
 
 
-def review(run: Run, epochs: Epochs, state: steps.TrainState, epoch: int) -> list[float]:
+def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
-  images, labels = (np.asarray(jax.device_get(array)) for array in epochs.eval_data)
-  predicted = predict_logits(state, epochs.eval_data[0], run.config).argmax(axis=1)
+  images, labels = run.eval.images, run.eval.labels  # The host's copy: none comes back.
+  predicted = predict_logits(state, run.epochs.eval_data[0], run.config).argmax(axis=1)
   matrix = pictures.confusion_matrix(labels, predicted)
   where = f'{run.config.data.eval_split}, checkpoint of epoch {epoch}'
   run.reporter.pictures({
@@ -40,25 +40,29 @@ def review(run: Run, epochs: Epochs, state: steps.TrainState, epoch: int) -> lis
 
 def _score(run: Run, restored: Restored) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
-  epochs, state = compile_epochs(run.config, run.placement, None, run.eval, restored.state)
-  metrics = epochs.evaluate(state)
+  metrics = run.epochs.evaluate(restored.state)
   return {'epoch': restored.epoch, 'eval_split': run.config.data.eval_split,
           'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy'],
-          'eval_accuracy_per_digit': review(run, epochs, state, restored.epoch)}
+          'eval_accuracy_per_digit': draw_and_score_digits(run, restored.state, restored.epoch)}
+
+
+def _no_checkpoint(run_dir: RunDirectory, what_to_do: str) -> UserError:
+  """The one line for a run directory that holds no checkpoint to use."""
+  return UserError(f'no checkpoint in {run_dir}{what_to_do}')
 
 
 def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory) -> dict:
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
-  missing = UserError(f'no checkpoint in {run_dir} to evaluate; train first (the same command '
-                      'without --config.eval_only=True) or pass the run\'s --workdir')
+  missing = _no_checkpoint(run_dir, ' to evaluate; train first (the same command without '
+                           '--config.eval_only=True) or pass the run\'s --workdir')
   if not run_dir.exists():
     raise missing
   with open_run(config, run_dir, evaluate_only=True) as run:  # Leaves a live run's files be.
-    restored = run.checkpoints.restore(run.template())
+    restored = run.checkpoints.restore(run.epochs.template)
     if restored is None:
       raise missing
-    for epoch, why in restored.damaged:
-      run.reporter.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
+    for line in restored.warnings():
+      run.reporter.warn(line)
     record = _score(run, restored)
     run.reporter.evaluation(record)
   return record
@@ -88,15 +92,16 @@ def restore_run(run_dir: RunDirectory) -> tuple[ml_collections.ConfigDict, Resto
 
   Raises UserError when `run_dir` holds no checkpoint, or only damaged ones.
   """
-  missing = UserError(f'no checkpoint in {run_dir}; pass the --workdir of a trained run, or train '
-                      f'one first: python train.py --config=configs/quick.py --workdir={run_dir}')
+  missing = _no_checkpoint(run_dir, '; pass the --workdir of a trained run, or train one first: '
+                           f'python train.py --config=configs/quick.py --workdir={run_dir}')
   flat = checkpoints.saved_config(run_dir)
   if flat is None:
     raise missing
   config = config_rules.config_from_flat(flat)
   config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
-  with Checkpoints(run_dir, config, read_only=True) as saved:
-    restored = saved.restore(state_template(config, make_mesh('jit'), steps_per_epoch=1))
+  run_key = steps.run_keys(config.seed)[1]  # What the saved run key is checked against.
+  with Checkpoints(run_dir, config, run_key, read_only=True) as saved:
+    restored = saved.restore(state_template(config, make_mesh('jit')))
   if restored is None:
     raise missing
   return config, restored

@@ -14,9 +14,9 @@ import ml_collections
 from errors import UserError
 from mlp import steps
 from trainer import evaluation, processes
-from trainer import run as run_lib
 from trainer.checkpoints import Restored
 from trainer.config_rules import config_from_flat
+from trainer.run import Run, learning, open_run
 from trainer.run_dir import STALE_AFTER_S, RunDirectory
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -78,62 +78,65 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   is evaluated and reported again. `run_dir` may be in a bucket, whose run lock another run takes
   over after `lock_stale_after` silent seconds.
   """
-  with run_lib.open_run(config, run_dir, should_stop, lock_stale_after) as run:
-    restored = run.checkpoints.restore(run.template())
+  with open_run(config, run_dir, lock_stale_after) as run:
+    restored = run.checkpoints.restore(run.epochs.template)
+    start_epoch = restored.epoch if restored else 0
     if restored:
       _report_resume(run, restored)
-    start_epoch = restored.epoch if restored else 0
     run.reporter.start(start_epoch)
     if restored and start_epoch >= config.num_epochs:  # num_epochs >= 1: restored.
       return evaluation.report_finished(run, restored)
-    return _train(run, restored.state if restored else None, start_epoch)
+    state = restored.state if restored else run.epochs.fresh_state()
+    _report_start(run)
+    record = dict[str, float]()
+    for epoch in range(start_epoch + 1, config.num_epochs + 1):
+      with run.reporter.traced(epoch, wanted=epoch == config.profile_epoch):
+        state, record = _train_and_evaluate_epoch(run, state, epoch)
+      stop = _end_epoch(run, record, should_stop())
+      run.checkpoints.save(epoch, state, force=bool(stop) or epoch == config.num_epochs)
+      if stop and epoch < config.num_epochs:
+        _wait_for_save(run, stop, epoch)
+    # The last save complete before the run says it is saved, and its failure (a full disk) said
+    # first, with the checkpoint the run resumes from, not behind a picture that could not be written.
+    run.checkpoints.wait()
+    evaluation.draw_and_score_digits(run, state, config.num_epochs)
+    _report_saved(run)
+    return record
 
 
-def _compile(run: run_lib.Run,
-             state: steps.TrainState | None) -> tuple[run_lib.Epochs, steps.TrainState]:
-  """The run's epochs compiled, and the state to start from; says what trains, where and how."""
-  config, start = run.config, time.perf_counter()
-  epochs, state = run_lib.compile_epochs(config, run.placement, run.train, run.eval, state)
-  assert run.train is not None, 'a training run'
+def _report_start(run: Run) -> None:
+  """Says what trains, where and how."""
+  config, epochs = run.config, run.epochs
+  assert epochs.train_data is not None, 'a training run'
   run.reporter.log(
-      f'training on {len(run.train):,} images ({config.data.train_split}), evaluating on '
-      f'{len(run.eval):,} ({config.data.eval_split}); {run.steps_per_epoch} steps of '
+      f'training on {len(epochs.train_data[1]):,} images ({config.data.train_split}), evaluating '
+      f'on {len(run.eval):,} ({config.data.eval_split}); {epochs.steps_per_epoch} steps of '
       f'{config.batch_size} per epoch in {config.dtype}, matmul precision '
-      f'{config.matmul_precision}, {epochs.programs.placement}; '
-      f'compiled in {time.perf_counter() - start:.1f}s')
-  return epochs, state
+      f'{config.matmul_precision}, {epochs.placement}; '
+      f'compiled in {epochs.compile_seconds:.1f}s')
 
 
-def _train(run: run_lib.Run, state: steps.TrainState | None,
-           start_epoch: int) -> dict[str, float]:
-  """Epochs after `start_epoch`: each recorded, then saved when due; a stop request saves, ends."""
-  config, record = run.config, dict[str, float]()
-  epochs, state = _compile(run, state)
-  for epoch in range(start_epoch + 1, config.num_epochs + 1):
-    with run.reporter.traced(epoch, wanted=epoch == config.profile_epoch):
-      state, record = _run_epoch(run, epochs, state, epoch)
-    _check_finite(record, run.checkpoints.epochs())
-    run.checkpoints.check()  # A background save that failed stops the run here.
-    assert run.lock is not None, 'a training run holds its lock'
-    run.lock.check()  # So does a lock another run took over: this run must write no more.
-    run.reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
-    # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
-    stop = processes.agree_to_stop(run.should_stop())
-    run.checkpoints.save(epoch, state, force=bool(stop) or epoch == config.num_epochs)
-    if stop and epoch < config.num_epochs:
-      _wait_for_save(run, stop, epoch)
-  # The last save complete before the run says it is saved, and its failure (a full disk) said
-  # first, with the checkpoint the run resumes from, not behind a picture that could not be written.
-  run.checkpoints.wait()
-  evaluation.review(run, epochs, state, config.num_epochs)
+def _end_epoch(run: Run, record: dict[str, float], signal_name: str | None) -> str | None:
+  """Checks the epoch before it is recorded; the signal that stops the run, if any process got one."""
+  _check_finite(record, run.checkpoints.epochs())
+  run.checkpoints.check()  # A background save that failed stops the run here.
+  # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
+  assert run.lock is not None, 'a training run holds its lock'
+  stop, lock_lost = processes.agree_at_epoch_end(signal_name, run.lock.lost())
+  run.lock.check(lock_lost)  # A lock another run took over stops it too: it must write no more.
+  run.reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
+  return stop
+
+
+def _report_saved(run: Run) -> None:
+  """Says where the last checkpoint is, and how long saves held training up."""
   pauses = sorted(run.checkpoints.save_pauses)
-  run.reporter.log(f'saved the checkpoint of epoch {config.num_epochs} in {run.run_dir} '
+  run.reporter.log(f'saved the checkpoint of epoch {run.config.num_epochs} in {run.run_dir} '
                    f'(training paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; '
                    'orbax writes in the background)')
-  return record
 
 
-def _wait_for_save(run: run_lib.Run, stop: str, epoch: int) -> None:
+def _wait_for_save(run: Run, stop: str, epoch: int) -> None:
   """Raises Preempted once the epoch's checkpoint is saved; a save that failed says so instead."""
   try:
     run.checkpoints.wait()
@@ -143,14 +146,13 @@ def _wait_for_save(run: run_lib.Run, stop: str, epoch: int) -> None:
   raise Preempted(stop, epoch, run.run_dir.name)
 
 
-def _run_epoch(run: run_lib.Run, epochs: run_lib.Epochs, state: steps.TrainState,
-               epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
+def _train_and_evaluate_epoch(run: Run, state: steps.TrainState,
+                              epoch: int) -> tuple[steps.TrainState, dict[str, float]]:
   """Trains one epoch and evaluates the result: the new state and the epoch's record."""
-  start = time.perf_counter()
+  start, epochs = time.perf_counter(), run.epochs
   state, train_metrics = epochs.train_epoch(state, epoch)
   train_seconds = time.perf_counter() - start
   eval_metrics = epochs.evaluate(state)
-  images = run.steps_per_epoch * run.config.batch_size
   return state, {
       'epoch': epoch,
       'train_loss': train_metrics['loss'],
@@ -158,9 +160,8 @@ def _run_epoch(run: run_lib.Run, epochs: run_lib.Epochs, state: steps.TrainState
       'eval_loss': eval_metrics['loss'],
       'eval_accuracy': eval_metrics['accuracy'],
       'epoch_seconds': time.perf_counter() - start,
-      'train_images_per_second': images / train_seconds,
-      # The rate of the epoch's last update, whose optimizer count was the number of updates before.
-      'learning_rate': float(run.schedule(epoch * run.steps_per_epoch - 1)),
+      'train_images_per_second': epochs.steps_per_epoch * run.config.batch_size / train_seconds,
+      'learning_rate': epochs.learning_rate(epoch),
   }
 
 
@@ -177,22 +178,20 @@ def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
                       f'training diverged, and that state was not saved ({kept}); {fix}')
 
 
-def _report_resume(run: run_lib.Run, restored: Restored) -> None:
-  """Says where the run continues from, and sets damaged newer checkpoints aside with a warning."""
-  moved = run.checkpoints.set_aside([epoch for epoch, _ in restored.damaged])  # A barrier.
-  for (epoch, why), path in zip(restored.damaged, moved):
-    run.reporter.warn(f'the checkpoint of epoch {epoch} is damaged: {why}; moved it to {path} and '
-                      f'fell back to epoch {restored.epoch}')
+def _report_resume(run: Run, restored: Restored) -> None:
+  """Says where the run continues from, and which damaged newer checkpoints were set aside."""
+  for line in restored.warnings():
+    run.reporter.warn(line)
   run.reporter.log(f'resumed from epoch {restored.epoch} (checkpoint restored and verified in '
                    f'{1000 * restored.seconds:.0f} ms){_schedule_change(run, restored)}')
 
 
-def _schedule_change(run: run_lib.Run, restored: Restored) -> str:
+def _schedule_change(run: Run, restored: Restored) -> str:
   """The learning rate's jump where a new num_epochs stretches the schedule; '' if it does not."""
-  saved, config = config_from_flat(restored.config), run.config
-  schedule = run_lib.learning(saved, run.steps_per_epoch).schedule
-  step = restored.epoch * run.steps_per_epoch - 1  # The restored epoch's last update (metrics').
-  rates = [float(schedule(step)), float(run.schedule(step))]
+  saved, config, epochs = config_from_flat(restored.config), run.config, run.epochs
+  schedule = learning(saved, epochs.steps_per_epoch).schedule  # The saved config's own.
+  rates = [float(schedule(restored.epoch * epochs.steps_per_epoch - 1)),
+           epochs.learning_rate(restored.epoch)]  # The restored epoch's last update (metrics').
   if rates[0] == rates[1] or restored.epoch >= config.num_epochs:
     return ''
   return (f'; num_epochs {saved.num_epochs} -> {config.num_epochs} stretches the learning-rate '

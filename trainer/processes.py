@@ -54,7 +54,7 @@ class Launch:
     return {name: value for name, value in named.items() if value is not None}
 
 
-def join(launch: Launch, give_up: Callable[[str], None] = lambda _: None) -> bool:
+def join_run(launch: Launch, give_up: Callable[[str], None] = lambda _: None) -> bool:
   """Calls `jax.distributed.initialize` when the launch names a multi-process run; True if it did.
 
   JAX refuses to initialize once any computation has run, so train.py calls this first. If the
@@ -116,18 +116,24 @@ def _gather(value: int) -> list[int]:
   return [int(v) for v in np.ravel(multihost_utils.process_allgather(np.int32(value)))]
 
 
-def everyone(ok: bool) -> bool:
+def true_on_every_process(ok: bool) -> bool:
   """Whether `ok` holds on every process (a collective: every process must call it)."""
   return all(_gather(int(ok)))
 
 
-def agree_to_stop(signal_name: str | None) -> str | None:
-  """The stop request of any process, seen by all: orbax's save needs every process at one epoch.
+def agree_at_epoch_end(signal_name: str | None, lock_lost: bool) -> tuple[str | None, bool]:
+  """An epoch's one exchange between the processes, none in a one-process run: the stop request
+  of any process, and whether process 0's run lock was taken over, seen by all.
 
-  A preempted host may be the only one signalled; without this, it would wait in the checkpoint
-  save for peers that train on."""
-  asked = max(_gather(signal.Signals[signal_name].value if signal_name else 0))
-  return signal_name or (signal.Signals(asked).name if asked else None)
+  Orbax's save needs every process at one epoch: a preempted host may be the only one signalled;
+  without this, it would wait in the checkpoint save for peers that train on."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_count() == 1:
+    return signal_name, lock_lost
+  seen = _gather(2 * (signal.Signals[signal_name].value if signal_name else 0) + int(lock_lost))
+  asked = max(value // 2 for value in seen)
+  return (signal_name or (signal.Signals(asked).name if asked else None),
+          any(value % 2 for value in seen))
 
 
 def check_same_checkpoints(newest_epoch: int) -> None:
@@ -158,7 +164,7 @@ def lost_a_peer(error: BaseException | None) -> bool:
       for cause in causes(error))
 
 
-def message(run_dir: RunDirectory, command: str) -> str:
+def lost_peer_line(run_dir: RunDirectory, command: str) -> str:
   """What every surviving process says: the run stopped, where it resumes, and how."""
   try:
     newest = max(run_dir.epochs(), default=None)
@@ -246,4 +252,4 @@ if __name__ == '__main__':
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
   relay(sys.stdin.buffer, sys.stderr.buffer,
-        lambda: message(RunDirectory(sys.argv[1]), sys.argv[2]))
+        lambda: lost_peer_line(RunDirectory(sys.argv[1]), sys.argv[2]))

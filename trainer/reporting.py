@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from typing import TextIO
+from typing import Any, TextIO
 
 import jax
 import numpy as np
@@ -76,7 +76,7 @@ def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
 
 def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> None:
   """The whole file anew: an object store cannot append, and a reader never sees half a line."""
-  with _writing(run_dir.file(name)):
+  with _refusal_said(run_dir.file(name)):
     run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
 
 
@@ -98,7 +98,7 @@ def warn(message: str, enabled: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def _writing(path: str) -> Iterator[str]:
+def _refusal_said(path: str) -> Iterator[str]:
   """Turns a refused write under `path` into the user's one line."""
   try:
     yield path
@@ -121,7 +121,7 @@ class _EventsFile:
     event.wall_time = time.time()
     framed = io.BytesIO()
     RecordWriter(framed).write(event.SerializeToString())
-    with _writing(self._run_dir.file(self._name)):
+    with _refusal_said(self._run_dir.file(self._name)):
       if self._run_dir.remote:
         self._whole += framed.getvalue()
         self._run_dir.write(self._name, self._whole)
@@ -134,26 +134,25 @@ class Reporter:
 
   metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch`, and has
   TensorBoard drop its events past `epoch` too, the way SummaryWriter(purge_step=) does.
-  In a multi-process run only process 0 reports (`enabled`): the others compute the same records
-  and say nothing, so there is one set of files and one log.
+  In a multi-process run only process 0 reports (`Reporter.of`): the others compute the same
+  records and say nothing, so there is one set of files and one log.
   """
 
-  def __init__(self, run_dir: RunDirectory, num_epochs: int, stream: TextIO | None = None, *,
-               enabled: bool = True):
+  def __init__(self, run_dir: RunDirectory, num_epochs: int, stream: TextIO | None = None):
     self._run_dir = run_dir
     self._records: list[dict] = []
     self._num_epochs = num_epochs
     self._stream = stream or sys.stdout
-    self._enabled = enabled
     self._seconds: list[float] = []
     self._events: _EventsFile | None = None
-    if enabled:
-      run_dir.make()
+
+  @staticmethod
+  def of(run_dir: RunDirectory, num_epochs: int, primary: bool) -> 'Reporter':
+    """Process 0's reporter (`primary`), or another process's, which says and writes nothing."""
+    return Reporter(run_dir, num_epochs) if primary else _Silent(run_dir, num_epochs)
 
   def start(self, start_epoch: int) -> None:
     """Opens the files for epochs after `start_epoch`, dropping any record past it."""
-    if not self._enabled:
-      return
     self._records = keep_records_through(self._run_dir, start_epoch)
     # The suffix keeps a run resumed in the same second from overwriting the last one's events.
     self._events = _EventsFile(self._run_dir, f'.from-epoch-{start_epoch}')
@@ -163,8 +162,6 @@ class Reporter:
 
   def write(self, record: dict[str, float]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
-    if not self._enabled:
-      return
     self._records.append(record)
     _write_records(self._run_dir, METRICS_FILE, self._records)
     assert self._events is not None, 'written after start()'
@@ -178,13 +175,11 @@ class Reporter:
 
   def pictures(self, pictures: dict[str, np.ndarray], epoch: int) -> None:
     """Each picture (uint8 [H, W, 3]) as NAME.png in the run directory and a TensorBoard image."""
-    if not self._enabled:
-      return
     images = []
     for name, pixels in pictures.items():
       png = io.BytesIO()
       Image.fromarray(pixels).save(png, format='PNG')
-      with _writing(self._run_dir.file(f'{name}.png')):
+      with _refusal_said(self._run_dir.file(f'{name}.png')):
         self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
       height, width, channels = pixels.shape
       images.append(Summary.Value(tag=name, image=Summary.Image(
@@ -196,10 +191,10 @@ class Reporter:
   @contextlib.contextmanager
   def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
     """Traces what runs inside with jax.profiler into the run directory (TensorBoard, Perfetto)."""
-    if not (wanted and self._enabled):
+    if not wanted:
       yield
       return
-    with _writing(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
+    with _refusal_said(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
                                                           create_perfetto_trace=True):
       yield
     traces = self._run_dir.glob('plugins/profile/*')
@@ -208,24 +203,31 @@ class Reporter:
              'or its perfetto_trace.json.gz in ui.perfetto.dev)')
 
   def log(self, message: str) -> None:
-    if self._enabled:
-      say(message, self._stream)
+    say(message, self._stream)
 
   def warn(self, message: str) -> None:
-    warn(message, self._enabled)
+    warn(message)
 
   def recorded(self, epoch: int) -> dict | None:
-    """The newest metrics.jsonl record of `epoch` (kept by start()), if this process keeps the
-    files and has one."""
-    if not self._enabled:
-      return None
+    """The newest metrics.jsonl record of `epoch` (kept by start()), if there is one."""
     matches = [r for r in self._records if r.get('epoch') == epoch]
     return matches[-1] if matches else None
 
   def evaluation(self, record: dict) -> None:
     """An evaluated checkpoint: one line in eval.jsonl and one on the console."""
-    if not self._enabled:
-      return
     _write_records(self._run_dir, EVAL_FILE, [*read_records(self._run_dir, EVAL_FILE), record])
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
+
+
+class _Silent(Reporter):
+  """The reporter of every process but process 0: it writes no file and says nothing."""
+
+  def _nothing(self, *args: Any, **kwargs: Any) -> None:
+    """What process 0's reporter writes or says, here nothing."""
+
+  start = write = pictures = log = warn = recorded = evaluation = _nothing
+
+  @contextlib.contextmanager
+  def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
+    yield

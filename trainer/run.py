@@ -1,10 +1,11 @@
-"""What a run is, built once: where its epochs run (a device mesh, and the per-device epoch
-compiled over it by jit, shard_map or pmap), its recipe as mlp/ takes it, its compiled epochs over
-data resident on the devices, and its run directory's lock, reporter and checkpoints."""
+"""What a run is, built once: its config's epochs on the devices (a device mesh, its recipe as mlp/
+takes it, its keys, and the per-device epoch compiled over the mesh by jit, shard_map or pmap, over
+data resident there), and its run directory's lock, reporter and checkpoints."""
 
 import contextlib
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -52,16 +53,11 @@ def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_co
   return mode
 
 
-class Placement(NamedTuple):
-  """Where a config's epochs run: its parallel mode, chosen once, and the mesh for it."""
-  mode: str  # 'jit', 'mesh' or 'pmap'.
-  mesh: Mesh
-
-
-def place(config: ml_collections.ConfigDict) -> Placement:
-  """The config's mode and mesh here; a UserError when the config and the devices disagree."""
+def mode_and_mesh(config: ml_collections.ConfigDict) -> tuple[str, Mesh]:
+  """The config's mode ('jit', 'mesh' or 'pmap') and mesh here; a UserError when the config and the
+  devices disagree."""
   mode = choose_mode(config, jax.device_count(), jax.process_count())
-  return Placement(mode, make_mesh(mode))
+  return mode, make_mesh(mode)
 
 
 def make_mesh(mode: str) -> Mesh:
@@ -75,23 +71,15 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   """Host or single-device values as global arrays, one full copy on every device of the mesh."""
   sharding = NamedSharding(mesh, P())
 
-  def place(leaf):
+  def to_mesh(leaf):
     if jax.dtypes.issubdtype(getattr(leaf, 'dtype', None), jax.dtypes.prng_key):
-      return jax.random.wrap_key_data(place(jax.random.key_data(leaf)))
+      return jax.random.wrap_key_data(to_mesh(jax.random.key_data(leaf)))
     # A Python number (the fresh step) takes JAX's dtype for it: int32, not NumPy's int64.
     host = np.asarray(leaf)
     host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
-  return jax.tree.map(place, tree)
-
-
-@dataclasses.dataclass(frozen=True)
-class EpochPrograms:
-  """An epoch's training and evaluation, compiled for the mesh, taking and giving global arrays."""
-  train: Callable[..., tuple[Any, Any]] | None  # (state, data, seed_key, epoch) -> (state, sums)
-  evaluate: Callable[..., Any]  # (state, data) -> sums
-  placement: str  # For the log: how and where the epochs run.
+  return jax.tree.map(to_mesh, tree)
 
 
 def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: bool) -> Callable:
@@ -110,28 +98,6 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
     per_device = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(),
                                check_vma=False)
   return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
-
-
-def _programs(config: ml_collections.ConfigDict, placement: Placement, state: Any,
-              train_inputs: tuple[epoch.Data, jax.Array] | None,
-              eval_data: epoch.Data) -> EpochPrograms:
-  """The epoch programs for these arguments (`train_inputs`: the data and the run key),
-  compiled ahead so that epochs time training alone."""
-  mode, mesh = placement
-  axis = None if mode == 'jit' else AXIS
-  train = None
-  with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
-    if train_inputs is not None:
-      spec = epoch_spec(config, axis)
-      train = _compile(functools.partial(epoch.train_epoch, spec=spec), mesh, mode,
-                       (state, *train_inputs, np.int32(0)), donate=True)
-    evaluate = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
-                                          axis_name=axis), mesh, mode, (state, eval_data),
-                        donate=False)
-  across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
-  per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
-  return EpochPrograms(train, evaluate, f'{mode} on {mesh.size} {jax.default_backend()} '
-                       f'device{"s" if mesh.size > 1 else ""}{across}{per_device}')
 
 
 def epoch_spec(config: ml_collections.ConfigDict, axis: str | None) -> epoch.EpochSpec:
@@ -158,107 +124,142 @@ def learning(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Learnin
                                                         config.weight_decay, config.momentum))
 
 
-def create_state(config: ml_collections.ConfigDict, key: jax.Array,
-                  steps_per_epoch: int) -> steps.TrainState:
-  model, _, optimizer = learning(config, steps_per_epoch)
-  return steps.create_train_state(model, optimizer, key)
+def create_state(recipe: Learning, key: jax.Array) -> steps.TrainState:
+  """Step 0 of the recipe: the model initialized from `key`, and its optimizer's state."""
+  return steps.create_train_state(recipe.model, recipe.optimizer, key)
 
 
-def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
-                   steps_per_epoch: int) -> steps.TrainState:
-  """The state's shapes, dtypes and replicated sharding, computed without creating it."""
-  abstract = jax.eval_shape(lambda key: create_state(config, key, steps_per_epoch),
-                            jax.random.key(0))
+def template_of(recipe: Learning, mesh: Mesh) -> steps.TrainState:
+  """The recipe's state as shapes, dtypes and replicated sharding, computed without creating it."""
+  abstract = jax.eval_shape(functools.partial(create_state, recipe), jax.random.key(0))
   sharding = NamedSharding(mesh, P())
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
 
 
+def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
+                   steps_per_epoch: int = 1) -> steps.TrainState:
+  """The state a checkpoint of the config restores into, on the mesh: shapes, dtypes, sharding."""
+  return template_of(learning(config, steps_per_epoch), mesh)
+
+
 @dataclasses.dataclass(frozen=True)
 class Epochs:
-  """A run's compiled epochs over its data resident on the mesh; every array global, replicated.
+  """A config's epochs on its devices, built once by `compile_epochs`: the mode and mesh, the
+  recipe and keys, the data resident on the mesh and the programs compiled over it, taking and
+  giving global arrays, replicated.
 
   It holds no state: an epoch consumes (donates) the state it starts from.
   """
+  mode: str  # 'jit', 'mesh' or 'pmap'.
   mesh: Mesh
-  run_key: jax.Array  # Drives every epoch's order, dropout and shifts.
+  learning: Learning
+  init_key: jax.Array  # Initializes a fresh model.
+  run_key: jax.Array  # On the mesh: drives every epoch's order, dropout and shifts.
   train_data: epoch.Data | None  # None when only evaluating.
   eval_data: epoch.Data
-  programs: EpochPrograms
   steps_per_epoch: int  # Training steps per epoch; 0 when only evaluating.
+  template: steps.TrainState  # The state's shapes, dtypes and sharding: what restores into.
+  train_program: Callable[..., tuple[Any, Any]] | None  # (state, data, run_key, epoch) -> ...
+  eval_program: Callable[..., Any]  # (state, data) -> sums
+  placement: str  # For the log: how and where the epochs run.
+  compile_seconds: float
+
+  def fresh_state(self) -> steps.TrainState:
+    """Step 0 of the run, on the mesh."""
+    # One compiled program, its result born replicated on the mesh (eager init takes seconds).
+    create = jax.jit(functools.partial(create_state, self.learning),
+                     out_shardings=NamedSharding(self.mesh, P()))
+    return create(self.init_key)
 
   def train_epoch(self, state: steps.TrainState,
                   number: int) -> tuple[steps.TrainState, dict[str, float]]:
     """Epoch `number` from `state` (which it consumes); the new state and its host metrics."""
-    assert self.programs.train is not None and self.train_data is not None, 'built to evaluate only'
-    state, sums = self.programs.train(state, self.train_data, self.run_key, np.int32(number))
+    assert self.train_program is not None and self.train_data is not None, 'built to evaluate'
+    with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
+      number_on_mesh = replicate(np.int32(number), self.mesh)
+    state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
     return state, steps.summarize(jax.device_get(sums))
 
   def evaluate(self, state: steps.TrainState) -> dict[str, float]:
     """The eval split's mean loss and accuracy for `state`."""
-    return steps.summarize(jax.device_get(self.programs.evaluate(state, self.eval_data)))
+    return steps.summarize(jax.device_get(self.eval_program(state, self.eval_data)))
+
+  def learning_rate(self, epoch: int) -> float:
+    """The rate of the epoch's last update, whose optimizer count was the number of updates
+    before."""
+    return float(self.learning.schedule(epoch * self.steps_per_epoch - 1))
 
 
-def compile_epochs(config: ml_collections.ConfigDict, placement: Placement, train: Examples | None,
-                   evaluation: Examples,
-                   state: steps.TrainState | None = None) -> tuple[Epochs, steps.TrainState]:
-  """Keys, data on the devices and the epoch programs compiled; and the state to start from (a
-  fresh one unless given), on the mesh."""
-  mesh = placement.mesh
-  init_key, run_key = steps.run_keys(config.seed)
+def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
+                   evaluation: Examples, where: tuple[str, Mesh] | None = None) -> Epochs:
+  """The config's epochs on its devices (`where`: its mode and mesh, if known): keys, data on the
+  mesh, the programs compiled ahead (so that epochs time training alone); without `train`, the
+  evaluation alone."""
+  start = time.perf_counter()
+  mode, mesh = where or mode_and_mesh(config)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
-  if state is None:
-    # One compiled program, its result born replicated on the mesh (eager init takes seconds).
-    create = lambda key: create_state(config, key, steps_per_epoch or 1)
-    state = jax.jit(create, out_shardings=NamedSharding(mesh, P()))(init_key)
-  run_key = replicate(run_key, mesh)
+  recipe = learning(config, steps_per_epoch or 1)
+  init_key, run_key = steps.run_keys(config.seed)
+  run_key, template = replicate(run_key, mesh), template_of(recipe, mesh)
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
-  train_data = on_mesh(train) if train is not None else None
-  eval_data = on_mesh(evaluation)
-  programs = _programs(config, placement, state,
-                       None if train_data is None else (train_data, run_key), eval_data)
-  return Epochs(mesh, run_key, train_data, eval_data, programs, steps_per_epoch), state
+  train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(evaluation)
+  axis = None if mode == 'jit' else AXIS
+  train_program = None
+  with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
+    if train_data is not None:
+      number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
+      train_program = _compile(functools.partial(epoch.train_epoch, spec=epoch_spec(config, axis)),
+                               mesh, mode, (template, train_data, run_key, number), donate=True)
+    eval_program = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
+                                              axis_name=axis), mesh, mode, (template, eval_data),
+                            donate=False)
+  return Epochs(mode, mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
+                template, train_program, eval_program, _placement(config, mode, mesh),
+                time.perf_counter() - start)
+
+
+def _placement(config: ml_collections.ConfigDict, mode: str, mesh: Mesh) -> str:
+  """How and where the epochs run, for the log."""
+  across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
+  per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
+  return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
+          f'{across}{per_device}')
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """What a run is, built once by `open_run` and handed whole to the loop and the evaluation."""
+  """What a run is, built once by `open_run` and handed whole to the loop and the evaluation: its
+  config and directory, its epochs on the devices, and the objects that write its outputs."""
   config: ml_collections.ConfigDict
   run_dir: RunDirectory
-  placement: Placement
-  train: Examples | None  # None when only evaluating.
-  eval: Examples
-  steps_per_epoch: int  # 0 when only evaluating.
-  schedule: optax.Schedule  # The learning rate of each step.
-  reporter: Reporter
+  eval: Examples  # On the host as well: its pictures are drawn there.
+  epochs: Epochs
+  reporter: Reporter  # Silent on every process but process 0.
   checkpoints: Checkpoints
   lock: RunLock | None  # None when only evaluating: a live run's files are only read.
-  should_stop: Callable[[], str | None]  # A signal's name once one asked the run to stop.
-
-  def template(self) -> steps.TrainState:
-    """The state a checkpoint of this run restores into: shapes, dtypes, sharding."""
-    return state_template(self.config, self.placement.mesh, self.steps_per_epoch or 1)
 
 
 @contextlib.contextmanager
 def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
-             should_stop: Callable[[], str | None] = lambda: None,
              lock_stale_after: float = STALE_AFTER_S, evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
-  placement = place(config)  # Checks the devices against the config before any work.
+  where = mode_and_mesh(config)  # Checks the devices against the config before any work.
   splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
                                                            config.data.eval_split]
   *train, examples = load_splits(config.data, *splits)
-  reporter = Reporter(run_dir, config.num_epochs, enabled=processes.is_primary())
-  steps_per_epoch = batches.whole_batches(len(train[0]), config.batch_size) if train else 0
+  primary = processes.is_primary()  # Process 0 writes the run's files and log; every one computes.
+  reporter = Reporter.of(run_dir, config.num_epochs, primary)
+  if primary:
+    run_dir.make()  # Before the lock, whose file is in it.
   with contextlib.ExitStack() as stack:
     lock = None
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
       lock = stack.enter_context(run_dir.lock(
-          enabled=processes.is_primary(), everyone=processes.everyone,
+          enabled=primary, on_every_process=processes.true_on_every_process,
           stale_after=lock_stale_after, warn=reporter.warn))
       processes.check_shared_directory(run_dir)
-    checkpoints = stack.enter_context(Checkpoints(run_dir, config, read_only=evaluate_only))
-    yield Run(config, run_dir, placement, train[0] if train else None, examples, steps_per_epoch,
-              learning(config, steps_per_epoch or 1).schedule, reporter, checkpoints, lock,
-              should_stop)
+    epochs = compile_epochs(config, train[0] if train else None, examples, where)
+    checkpoints = stack.enter_context(Checkpoints(run_dir, config, epochs.run_key,
+                                                  read_only=evaluate_only, primary=primary))
+    yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)

@@ -309,14 +309,14 @@ def _stale_after_of(holder: str) -> float:
 class RunLock:
   """Held while entered; a second holder gets a UserError naming the first one's host and pid.
 
-  In a multi-process run one process takes it (`enabled`), and `everyone(ok)`, a collective that
-  says whether every process got past it, stops them all when that one is refused.
+  In a multi-process run one process takes it (`enabled`), and `on_every_process(ok)`, a collective
+  that says whether every process got past it, stops them all when that one is refused.
   """
 
   def __init__(self, workdir: RunDirectory, enabled: bool = True,
-               everyone: Callable[[bool], bool] = lambda ok: ok,
+               on_every_process: Callable[[bool], bool] = lambda ok: ok,
                stale_after: float = STALE_AFTER_S, warn: Callable[[str], None] = lambda _: None):
-    self._workdir, self._enabled, self._everyone = workdir, enabled, everyone
+    self._workdir, self._enabled, self._on_every_process = workdir, enabled, on_every_process
     self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, stale_after, warn) if workdir.remote
                                           else _Flock(workdir, warn))
     self._releasing = threading.Lock()
@@ -326,7 +326,7 @@ class RunLock:
     if self._enabled and refusal is None:
       _HELD.add(self)
     try:
-      if not self._everyone(refusal is None):
+      if not self._on_every_process(refusal is None):
         raise refusal or UserError(
             f'process 0 found the run directory {self._workdir} in use by another training run; '
             'wait for it to end or stop it, or pass another --workdir')
@@ -335,10 +335,14 @@ class RunLock:
       raise
     return self
 
-  def check(self) -> None:
-    """Stops every process of a run whose lock another run took over, before it writes again (a
-    collective: every process calls it)."""
-    if not self._everyone(not (self._enabled and self._holder.lost())):
+  def lost(self) -> bool:
+    """Whether another run took over the lock this process holds (on Cloud Storage only)."""
+    return self._enabled and self._holder.lost()
+
+  def check(self, lost: bool | None = None) -> None:
+    """Stops a run whose lock another run took over, before it writes again: `lost` as every
+    process agreed it (processes.agree_at_epoch_end), else as this process sees it."""
+    if self.lost() if lost is None else lost:
       raise UserError(f'another training run took over the run directory {self._workdir} while '
                       'this one could not refresh its lock (paused, or cut off from Cloud '
                       'Storage); this run stops without writing more')
