@@ -65,8 +65,8 @@ def main(argv: list[str]) -> None:
     from trainer import evaluation, reporting, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(given)
     config, restored = evaluation.restore_run(workdir)
-    for epoch, why in restored.damaged:
-      reporting.warn(f'passed over the checkpoint of epoch {epoch}: {why}')
+    for line in restored.warnings():
+      reporting.warn(line)
     with out.staged() as staging:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,
