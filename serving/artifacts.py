@@ -2,10 +2,12 @@
 out, any N, the parameters inside. StableHLO by `jax.export` needs JAX alone to run; the SavedModel,
 by jax2tf, TensorFlow alone (jax2tf wraps a `jax.export` lowering of it in one TensorFlow op)."""
 
+import contextlib
 import functools
 import json
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -59,6 +61,38 @@ def write_saved_model(classify: Classify, path: str) -> None:
     tf.saved_model.save(module, path, signatures={SIGNATURE: serve})
   except tf.errors.OpError as error:  # Its file errors read 'PATH; No space left on device'.
     raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # OutFolder words the line.
+  check_tensorflow_runs(path)
+
+
+@contextlib.contextmanager
+def native_stderr_muted() -> Iterator[None]:
+  """Sends file descriptor 2 (C++ logs write there, not to sys.stderr) to /dev/null meanwhile."""
+  sys.stderr.flush()
+  kept, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    yield
+  finally:
+    os.dup2(kept, 2)
+    os.close(kept)
+    os.close(devnull)
+
+
+def check_tensorflow_runs(path: str) -> None:
+  """Runs the written SavedModel once: TensorFlow reads only the StableHLO of JAX releases it
+  knows (TensorFlow 2.21 cannot read JAX 0.12's), and a user learns it here, not when serving."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top; the extra, for this format only
+  serve = tf.saved_model.load(path).signatures[SIGNATURE]
+  try:
+    with native_stderr_muted():  # TensorFlow logs the failure below at length: it is said once.
+      serve(**{INPUT: tf.zeros((1, *IMAGE_SHAPE), tf.uint8)})
+  except tf.errors.InvalidArgumentError as error:
+    if 'deserialize' not in error.message:
+      raise
+    raise UserError(
+        f'this TensorFlow ({tf.__version__}) cannot run the program this JAX ({jax.__version__}) '
+        f'writes, so no SavedModel was written; pass --formats={STABLEHLO}, or export with the '
+        'Python 3.11 set-up (make train PYTHON=python3.11), whose JAX it reads') from None
 
 
 WRITERS = {STABLEHLO: write_stablehlo, SAVED_MODEL: write_saved_model}
