@@ -192,3 +192,26 @@ def test_launch_phases_names_imports_and_the_projects_functions():
   assert 0 < rows['idx.py:load_idx'] <= rows['profile total']
   assert set(rows) >= {'imports', "JAX's backends"}
   assert not any(name.startswith(('pstats', 'cProfile')) for name in rows)
+
+
+def test_members_are_timed_beside_one_model_and_the_ratio_is_of_the_medians():
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.members', '--data=synthetic',
+                        '--num_images=512', '--batch_size=64', '--num_models=2', '--repeats=3',
+                        '--nolaunches'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  figures = json.loads(out.stdout.strip().splitlines()[-1])
+  epochs = figures['epochs']
+  assert '2 models side by side' in epochs['placement']
+  medians = {count: epochs['epoch_ms'][count]['median'] for count in ('1', '2')}
+  assert epochs['members_over_one'] == pytest.approx(medians['2'] / medians['1'])
+  assert f'members / one model:       {epochs["members_over_one"]:9.2f}x' in out.stdout
+  assert figures['launches'] is None
+
+
+def test_members_benchmark_refuses_a_single_member_in_one_line():
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.members', '--num_models=1'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines() == [
+      'error: --num_models must be 2 or more, --repeats 3 or more and --launch_epochs 1 or more; '
+      'e.g. --num_models=3 --repeats=5 --launch_epochs=2']
