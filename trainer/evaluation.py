@@ -10,7 +10,7 @@ from mlp import steps
 from trainer import checkpoints, config_rules, pictures
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.reporting import format_line
-from trainer.run import Run, make_mesh, member_keys, open_run, state_template
+from trainer.run import Run, keys_of, make_mesh, open_run, state_template
 from trainer.run_dir import RunDirectory
 
 _predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled per shape and batch.
@@ -107,7 +107,7 @@ def restore_run(run_dir: RunDirectory) -> tuple[ml_collections.ConfigDict, Resto
     raise missing
   config = config_rules.config_from_flat(flat)
   config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
-  run_key = member_keys(config)[1]  # What the saved run key is checked against.
+  run_key = keys_of(config)[1]  # What the saved run key is checked against.
   with Checkpoints(run_dir, config, run_key, read_only=True) as saved:
     restored = saved.restore(state_template(config, make_mesh('jit')))
   if restored is None:

@@ -70,7 +70,7 @@ def format_line(record: dict[str, Any], num_epochs: int, eta_seconds: float) -> 
 
 def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
   """A record's TensorBoard scalars by tag; a list of members' figures, one per member (`/0`...)."""
-  tagged = []
+  tagged: list[tuple[str, float]] = []
   for name, value in record.items():
     tag = TAGS.get(name, name.replace('_', '/', 1))
     if isinstance(value, list):
@@ -191,7 +191,7 @@ class Reporter:
     # the steps from there on that earlier files hold.
     self._events.write(Event(step=start_epoch + 1, session_log=SessionLog(status=SessionLog.START)))
 
-  def write(self, record: dict[str, float]) -> None:
+  def write(self, record: dict[str, Any]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
     self._records.append(record)
     _write_records(self._run_dir, METRICS_FILE, self._records)

@@ -131,7 +131,7 @@ def create_state(recipe: Learning, key: jax.Array) -> steps.TrainState:
   return create(key) if key.ndim == 0 else jax.vmap(create)(key)
 
 
-def member_keys(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
+def keys_of(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
   """The run's init and run keys: its seed's, or with num_models > 1, member k's from seed + k,
   stacked."""
   if config.num_models == 1:
@@ -154,7 +154,7 @@ def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
   return template_of(learning(config, steps_per_epoch), mesh, config.num_models)
 
 
-def figures(sums: steps.Metrics) -> dict[str, Any]:
+def figures(sums: dict[str, Any]) -> dict[str, Any]:
   """Host metric sums as loss and accuracy; of members ([M] sums), the members' means, and each
   member's in `loss_by_member` and `accuracy_by_member`."""
   if np.ndim(sums['count']) == 0:
@@ -229,18 +229,18 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
   mode, mesh = where or mode_and_mesh(config)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
   recipe = learning(config, steps_per_epoch or 1)
-  init_key, run_key = member_keys(config)
+  init_key, run_key = keys_of(config)
   run_key, template = replicate(run_key, mesh), template_of(recipe, mesh, config.num_models)
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
   train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(evaluation)
   axis = None if mode == 'jit' else AXIS
-  train_program, (train, evaluate) = None, _epoch_functions(config.num_models)
+  train_program, (train_fn, evaluate_fn) = None, _epoch_functions(config.num_models)
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
-      train_program = _compile(functools.partial(train, spec=epoch_spec(config, axis)),
+      train_program = _compile(functools.partial(train_fn, spec=epoch_spec(config, axis)),
                                mesh, mode, (template, train_data, run_key, number), donate=True)
-    eval_program = _compile(functools.partial(evaluate, batch_size=config.eval_batch_size,
+    eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
                                               axis_name=axis), mesh, mode, (template, eval_data),
                             donate=False)
   return Epochs(mode, mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
