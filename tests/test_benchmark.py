@@ -215,3 +215,27 @@ def test_members_benchmark_refuses_a_single_member_in_one_line():
   assert out.stderr.strip().splitlines() == [
       'error: --num_models must be 2 or more, --repeats 3 or more and --launch_epochs 1 or more; '
       'e.g. --num_models=3 --repeats=5 --launch_epochs=2']
+
+
+def recipes(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', 'benchmarks.recipes', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_recipes_take_a_configs_seeds_from_one_launch_with_their_ensemble(mnist_dir):
+  out = recipes('--one_launch', '--seeds=3,4', '--recipes=config',
+                '--overrides=num_epochs=1,data.train_split=train[:512],data.eval_split=test[:500]')
+  assert out.returncode == 0, out.stderr
+  rows = {line.split()[2]: line.split() for line in out.stdout.splitlines()[2:]}
+  assert list(rows) == ['3', '4', 'ensemble', 'mean']
+  seeds = [float(rows[seed][3].rstrip('%')) for seed in ('3', '4')]
+  assert float(rows['mean'][3].rstrip('%')) == pytest.approx(sum(seeds) / 2, abs=0.011)
+  assert len(rows['mean']) == 5 and len(rows['3']) == 4  # The launch's seconds, once.
+
+
+def test_recipes_refuse_seeds_one_launch_cannot_train_in_one_line():
+  out = recipes('--one_launch', '--seeds=0,2')
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      'error: --one_launch trains seeds s, s+1, ... together, got --seeds=0,2; pass consecutive '
+      'ones, e.g. --seeds=0,1,2']
