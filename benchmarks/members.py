@@ -2,6 +2,7 @@
 one launch of N members from start to exit against N launches of one seed each.
 
   python -m benchmarks.members [--num_models=3] [--repeats=5] [--launch_epochs=2] [--nolaunches]
+      [--max_shift=0]
       [--batch_size=128] [--num_images=8000] [--data=idx|synthetic] [--parallel=jit|mesh|pmap]
 
 The epochs: the trainer's compiled epoch (benchmarks/workload.py's TrainerRun) of configs/default.py
@@ -30,6 +31,8 @@ from errors import UserError, fail
 _NUM_MODELS = flags.DEFINE_integer('num_models', 3, 'Members of the side-by-side run (2 or more).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed epochs of each (at least 3).')
 _LAUNCH_EPOCHS = flags.DEFINE_integer('launch_epochs', 2, 'Epochs of each launch of train.py.')
+_MAX_SHIFT = flags.DEFINE_integer('max_shift', 0, 'The epochs\' pixel shifts (configs/default.py: 1; '
+                                  'benchmark_config: 0).')
 _LAUNCHES = flags.DEFINE_bool('launches', True, 'Also time the launches of train.py.')
 
 
@@ -39,7 +42,7 @@ def time_epochs(num_models: int, repeats: int) -> dict:
   runs = {}
   for count in (1, num_models):
     config = workload.benchmark_config()
-    config.num_models = count
+    config.num_models, config.data.max_shift = count, _MAX_SHIFT.value
     runs[count] = workload.TrainerRun(config, examples)
     runs[count].epoch(1)  # Warm-up.
   milliseconds: dict[int, list[float]] = {count: [] for count in runs}
@@ -47,7 +50,8 @@ def time_epochs(num_models: int, repeats: int) -> dict:
     for count, trainer in runs.items():
       milliseconds[count].append(1e3 * trainer.epoch(epoch)[0])
   medians = {count: statistics.median(values) for count, values in milliseconds.items()}
-  return {'data': description, 'images_per_epoch': runs[1].images_per_epoch,
+  return {'data': description, 'max_shift': _MAX_SHIFT.value,
+          'images_per_epoch': runs[1].images_per_epoch,
           'placement': runs[num_models].placement,
           'epoch_ms': {str(count): {'median': medians[count], 'min': min(values),
                                     'max': max(values)} for count, values in milliseconds.items()},
@@ -81,8 +85,8 @@ def time_launches(num_models: int, epochs: int) -> dict:
 def report(epochs: dict, launches: dict | None, num_models: int) -> str:
   """The table, then the JSON object as the last line."""
   ms = epochs['epoch_ms']
-  lines = [f'{epochs["data"]}; {epochs["images_per_epoch"]:,} images per epoch; '
-           f'{epochs["placement"]}', '',
+  lines = [f'{epochs["data"]}; {epochs["images_per_epoch"]:,} images per epoch, shifts of up to '
+           f'{epochs["max_shift"]} pixels; {epochs["placement"]}', '',
            f'epoch of 1 model:          {ms["1"]["median"]:9.1f} ms  '
            f'[{ms["1"]["min"]:.1f} .. {ms["1"]["max"]:.1f}]',
            f'epoch of {num_models} members:        {ms[str(num_models)]["median"]:9.1f} ms  '

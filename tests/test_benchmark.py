@@ -197,11 +197,13 @@ def test_launch_phases_names_imports_and_the_projects_functions():
 def test_members_are_timed_beside_one_model_and_the_ratio_is_of_the_medians():
   out = subprocess.run([sys.executable, '-m', 'benchmarks.members', '--data=synthetic',
                         '--num_images=512', '--batch_size=64', '--num_models=2', '--repeats=3',
-                        '--nolaunches'], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        '--max_shift=1', '--nolaunches'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
   assert out.returncode == 0, out.stderr
   figures = json.loads(out.stdout.strip().splitlines()[-1])
   epochs = figures['epochs']
-  assert '2 models side by side' in epochs['placement']
+  assert '2 models side by side' in epochs['placement'] and epochs['max_shift'] == 1
+  assert 'shifts of up to 1 pixels' in out.stdout.splitlines()[0]
   medians = {count: epochs['epoch_ms'][count]['median'] for count in ('1', '2')}
   assert epochs['members_over_one'] == pytest.approx(medians['2'] / medians['1'])
   assert f'members / one model:       {epochs["members_over_one"]:9.2f}x' in out.stdout
