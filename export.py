@@ -40,15 +40,15 @@ def parse_flags(argv: list[str]) -> list[str]:
   return rest
 
 
-def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str) -> None:
+def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str, ensemble: str) -> None:
   """One line per file written, then what was exported from where."""
   width = max(len(os.path.join(out.path, name)) for name in (*sizes, MANIFEST))
   for name, count in sizes.items():
     print(f'{os.path.join(out.path, name):<{width}}  {count / 1e6:6.2f} MB')
   print(f'{os.path.join(out.path, MANIFEST):<{width}}  what was exported, from where, and its '
         'inputs and outputs')
-  print(f'exported the checkpoint of epoch {epoch} in {workdir}: uint8 images [N, 28, 28] in, '
-        'class probabilities [N, 10] out', file=sys.stderr)
+  print(f'exported the checkpoint of epoch {epoch} in {workdir}{ensemble}: uint8 images '
+        '[N, 28, 28] in, class probabilities [N, 10] out', file=sys.stderr)
 
 
 def main(argv: list[str]) -> None:
@@ -70,10 +70,10 @@ def main(argv: list[str]) -> None:
     with out.staged() as staging:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,
-                               'config': restored.config})
+                               'models': config.num_models, 'config': restored.config})
   except UserError as error:
     fail(str(error), 1)
-  report(out, sizes, restored.epoch, str(workdir))
+  report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
 
 
 if __name__ == '__main__':

@@ -99,7 +99,7 @@ def main(argv: list[str]) -> None:
     reporting.warn(line)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {workdir}', file=sys.stderr)
+        f'epoch {restored.epoch} in {workdir}{evaluation.ensemble_of(config)}', file=sys.stderr)
 
 
 if __name__ == '__main__':

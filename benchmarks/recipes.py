@@ -10,7 +10,8 @@ pytorch/examples' with Adadelta 1.0 and StepLR(gamma 0.7), 14 epochs of 64.) `--
 config files, each as it is. Seed by seed, every run takes its turn, so a machine's changing load
 falls on all of them alike. Prints each run's final eval accuracy and its time from launch to exit,
 then each recipe's mean. Choose recipes with --splits=validation (train[:50000], scored on
-train[50000:]).
+train[50000:]). --one_launch trains each recipe's seeds (consecutive ones) in one launch of
+`num_models`, each seed's model as its own launch would train it, and adds their ensemble.
 """
 
 import json
@@ -33,6 +34,8 @@ _SPLITS = flags.DEFINE_enum('splits', 'test', ['test', 'validation'],
                             'test: train on train, score test; validation: the held-out split.')
 _RECIPES = flags.DEFINE_list('recipes', ['config', 'conventional'],
                              'config: the config as it is; conventional: see the docstring.')
+_ONE_LAUNCH = flags.DEFINE_bool('one_launch', False, 'Each recipe\'s seeds in one launch with '
+                                 'num_models, not a launch per seed; the seeds must be consecutive.')
 _OVERRIDES = flags.DEFINE_list('overrides', [], 'More FIELD=VALUE for every run, e.g. num_epochs=2.')
 
 RECIPES = {
@@ -42,9 +45,12 @@ RECIPES = {
 }
 
 
-def train(config_file: str, recipe: str, seed: str, workdir: str) -> tuple[float, float]:
-  """One run of the recipe as a user launches it: (final eval accuracy, seconds launch to exit)."""
-  fields = [*RECIPES[recipe], f'seed={seed}', *_OVERRIDES.value]
+def train(config_file: str, recipe: str, seed: str, workdir: str,
+          num_models: int = 1) -> tuple[dict, float]:
+  """One run of the recipe as a user launches it: (its last metrics record, seconds launch to
+  exit); with num_models, of that many seeds from `seed` on."""
+  members = [f'num_models={num_models}'] if num_models > 1 else []
+  fields = [*RECIPES[recipe], f'seed={seed}', *members, *_OVERRIDES.value]
   command = [sys.executable, 'train.py', f'--config={config_file}:{_SPLITS.value}',
              f'--workdir={workdir}', *(f'--config.{field}' for field in fields)]
   start = time.perf_counter()
@@ -53,8 +59,44 @@ def train(config_file: str, recipe: str, seed: str, workdir: str) -> tuple[float
   if out.returncode != 0:
     fail(f'{config_file} {recipe} seed {seed} failed: {out.stderr.strip().splitlines()[-1:]}', 1)
   with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
-    last = json.loads(metrics.read().splitlines()[-1])
-  return last['eval_accuracy'], seconds
+    return json.loads(metrics.read().splitlines()[-1]), seconds
+
+
+def row(config_file: str, recipe: str, seed: str, accuracy: float, seconds: str) -> None:
+  """One line of the table."""
+  print(f'{config_file:<22}{recipe:<14}{seed:>9}{100 * accuracy:>15.2f}%{seconds:>10}', flush=True)
+
+
+def consecutive(seeds: list[str]) -> bool:
+  """Whether the seeds are two or more integers s, s + 1, ...: what one launch of members trains."""
+  return (len(seeds) > 1 and all(seed.isdigit() for seed in seeds)
+          and [int(seed) for seed in seeds] == list(range(int(seeds[0]), int(seeds[0]) + len(seeds))))
+
+
+def one_launch_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
+  """Each recipe's seeds in one launch: a row per seed, the ensemble's, and the mean's with the
+  launch's seconds."""
+  for config_file, recipe in runs:
+    with tempfile.TemporaryDirectory() as workdir:
+      record, seconds = train(config_file, recipe, seeds[0], workdir, len(seeds))
+    for seed, accuracy in zip(seeds, record['eval_accuracy_by_member']):
+      row(config_file, recipe, seed, accuracy, '')
+    row(config_file, recipe, 'ensemble', record['eval_ensemble_accuracy'], '')
+    row(config_file, recipe, 'mean', record['eval_accuracy'], f'{seconds:.1f}')
+
+
+def launch_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
+  """A launch per seed and recipe, seed by seed; then each recipe's mean."""
+  results: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
+  for seed in seeds:
+    for config_file, recipe in runs:
+      with tempfile.TemporaryDirectory() as workdir:
+        record, seconds = train(config_file, recipe, seed, workdir)
+      results[config_file, recipe].append((record['eval_accuracy'], seconds))
+      row(config_file, recipe, seed, record['eval_accuracy'], f'{seconds:.1f}')
+  for (config_file, recipe), figures in results.items():
+    accuracy, seconds = (statistics.mean(column) for column in zip(*figures))
+    row(config_file, recipe, 'mean', accuracy, f'{seconds:.1f}')
 
 
 def main(argv: list[str]) -> None:
@@ -63,22 +105,14 @@ def main(argv: list[str]) -> None:
   unknown = set(_RECIPES.value) - RECIPES.keys()
   if unknown:
     fail(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}', 2)
+  if _ONE_LAUNCH.value and not consecutive(_SEEDS.value):
+    fail(f'--one_launch trains seeds s, s+1, ... together, got --seeds={",".join(_SEEDS.value)}; '
+         'pass consecutive ones, e.g. --seeds=0,1,2', 2)
   runs = [(_CONFIG.value, recipe) for recipe in _RECIPES.value]
   runs = list(dict.fromkeys([*runs, *((config_file, 'config') for config_file in _ALSO.value)]))
   print(f'splits {_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
-  print(f'{"config":<22}{"recipe":<14}{"seed":>6}{"eval accuracy":>16}{"seconds":>10}', flush=True)
-  results: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
-  for seed in _SEEDS.value:
-    for config_file, recipe in runs:
-      with tempfile.TemporaryDirectory() as workdir:
-        accuracy, seconds = train(config_file, recipe, seed, workdir)
-      results[config_file, recipe].append((accuracy, seconds))
-      print(f'{config_file:<22}{recipe:<14}{seed:>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}',
-            flush=True)
-  for (config_file, recipe), figures in results.items():
-    accuracy, seconds = (statistics.mean(column) for column in zip(*figures))
-    print(f'{config_file:<22}{recipe:<14}{"mean":>6}{100 * accuracy:>15.2f}%{seconds:>10.1f}',
-          flush=True)
+  print(f'{"config":<22}{"recipe":<14}{"seed":>9}{"eval accuracy":>16}{"seconds":>10}', flush=True)
+  (one_launch_each if _ONE_LAUNCH.value else launch_each)(runs, _SEEDS.value)
 
 
 if __name__ == '__main__':

@@ -22,6 +22,9 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
                      f'{" or ".join(SPLITS)}, e.g. --config=configs/default.py:validation')
   config = ml_collections.ConfigDict()
   config.seed = 0
+  # Models trained side by side in one program (jax.vmap): model k as a run of seed + k would train;
+  # each epoch gives their mean, range and ensemble (mean probabilities), which evaluation uses.
+  config.num_models = 1
   config.num_epochs = 30
   config.batch_size = 128  # Global: split evenly over devices when data parallel.
   config.eval_batch_size = 1000

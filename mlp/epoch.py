@@ -1,6 +1,9 @@
 """A whole epoch as one compiled program: `lax.scan` of the step over batches gathered on device."""
 
 import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -84,28 +87,58 @@ def train_epoch(state: steps.TrainState, data: Data, seed_key: jax.Array, epoch:
   return state, _total(sums, spec.axis_name)
 
 
-def evaluate(state: steps.TrainState, data: Data, *, batch_size: int,
-             axis_name: str | None = None) -> steps.Metrics:
-  """Scores every example exactly once (the last batch padded and masked); returns metric sums."""
+def train_members(states: steps.TrainState, data: Data, seed_keys: jax.Array, epoch: jax.Array,
+                  spec: EpochSpec) -> tuple[steps.TrainState, steps.Metrics]:
+  """`train_epoch` of members whose states and seed keys are stacked [M], side by side by vmap over
+  the one copy of the data: member k trains as a run of its key alone would; sums come [M]."""
+  one = functools.partial(train_epoch, spec=spec)
+  return jax.vmap(one, in_axes=(0, None, 0, None))(states, data, seed_keys, epoch)
+
+
+def _score_all(data: Data, batch_size: int, axis_name: str | None,
+               score: Callable[[steps.Batch, jax.Array], Any]) -> Any:
+  """`score(batch, mask)`'s sums over every example exactly once, the last batch padded and masked."""
   images, labels = data
   shard, num_shards = _shard(axis_name)
   indices, masks = batches.eval_steps(images.shape[0], batch_size, num_shards, shard)
 
   def body(_, step):
     step_indices, mask = step
-    return None, steps.eval_step(state, batches.gather(images, labels, step_indices), mask)
+    return None, score(batches.gather(images, labels, step_indices), mask)
 
   _, sums = jax.lax.scan(body, None, (indices, masks))
-  return _total(sums, axis_name)
+  return jax.tree.map(lambda x: _total(x, axis_name), sums,
+                      is_leaf=lambda x: isinstance(x, dict))
+
+
+def evaluate(state: steps.TrainState, data: Data, *, batch_size: int,
+             axis_name: str | None = None) -> steps.Metrics:
+  """Scores every example exactly once (the last batch padded and masked); returns metric sums."""
+  return _score_all(data, batch_size, axis_name,
+                    lambda batch, mask: steps.eval_step(state, batch, mask))
+
+
+def evaluate_members(states: steps.TrainState, data: Data, *, batch_size: int,
+                     axis_name: str | None = None) -> tuple[steps.Metrics, steps.Metrics]:
+  """Metric sums of members stacked [M], each member's [M], and of their ensemble (the mean of
+  their class probabilities), over the same batches as `evaluate`."""
+  def score(batch, mask):
+    members = jax.vmap(steps.eval_step, in_axes=(0, None, None))(states, batch, mask)
+    ensemble = steps.batch_metrics(steps.ensemble_logits(states, batch['image']), batch['label'],
+                                   mask)
+    return members, ensemble
+
+  return _score_all(data, batch_size, axis_name, score)
 
 
 def predict(state: steps.TrainState, images: jax.Array, *, batch_size: int) -> jax.Array:
-  """Every example's logits [N, 10], computed in the same batches as `evaluate` scores them."""
+  """Every example's logits [N, 10] (of stacked members, their ensemble's: `ensemble_logits`),
+  computed in the same batches as `evaluate` scores them."""
   indices, _ = batches.eval_steps(images.shape[0], batch_size, 1, jnp.int32(0))
 
   def body(_, step_indices):
     pixels = batches.to_unit(jnp.take(images, step_indices, axis=0))
-    return None, steps.predict_step(state, batches.standardize(pixels))
+    return None, steps.ensemble_logits(state, batches.standardize(pixels))
 
   _, logits = jax.lax.scan(body, None, indices)
   return logits.reshape(-1, logits.shape[-1])[:images.shape[0]]

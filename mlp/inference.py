@@ -7,9 +7,10 @@ from mlp import steps
 
 
 def classify(state: steps.TrainState, images: jax.Array) -> jax.Array:
-  """float32 class probabilities [N, 10] of uint8 images [N, 28, 28] or [N, 784], any N.
+  """float32 class probabilities [N, 10] of uint8 images [N, 28, 28] or [N, 784], any N: for
+  members stacked [M], their mean (the ensemble's).
 
   The whole batch in one forward pass, normalized as `batches.gather` does for evaluation.
   """
   pixels = batches.standardize(batches.to_unit(images))
-  return jax.nn.softmax(steps.predict_step(state, pixels), axis=-1)
+  return jax.nn.softmax(steps.ensemble_logits(state, pixels), axis=-1)

@@ -32,6 +32,12 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
   return init_key, run_key
 
 
+def member_keys(seed: int, count: int) -> tuple[jax.Array, jax.Array]:
+  """Members' keys stacked [count]: member k's are those of a run of seed + k, so it trains as one."""
+  pairs = [run_keys(seed + k) for k in range(count)]
+  return jnp.stack([init for init, _ in pairs]), jnp.stack([run for _, run in pairs])
+
+
 def create_train_state(make_model: Callable[..., MLP], tx: optax.GradientTransformation,
                        rng: jax.Array) -> TrainState:
   """Initial parameters from `rng`, and the optimizer's state for them: step 0 of a run."""
@@ -84,6 +90,15 @@ def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
 def predict_step(state: TrainState, images: jax.Array) -> jax.Array:
   """Class logits of normalized images, as evaluation computes them (no dropout)."""
   return state.model()(images)
+
+
+def ensemble_logits(state: TrainState, images: jax.Array) -> jax.Array:
+  """A lone model's logits; for members stacked [M] (a vector step), the log of their mean class
+  probabilities: the ensemble's, which softmax and argmax read as they read logits."""
+  if state.step.ndim == 0:
+    return predict_step(state, images)
+  members = jax.vmap(predict_step, in_axes=(0, None))(state, images)
+  return jnp.log(jnp.mean(jax.nn.softmax(members, axis=-1), axis=0))
 
 
 def eval_step(state: TrainState, batch: Batch, mask: jax.Array) -> Metrics:

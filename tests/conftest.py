@@ -120,6 +120,12 @@ def assert_same_numbers(records: list[dict], reference: list[dict], epochs: int 
       assert abs(record[name] - expected[name]) * count <= 1 + 1e-9, (name, record, expected)
 
 
+def member_records(records: list[dict], k: int) -> list[dict]:
+  """Member k's figures in the records of a num_models run, as a run of its own records them."""
+  return [{'epoch': r['epoch'], **{name: r[f'{name}_by_member'][k] for name in (
+      'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy')}} for r in records]
+
+
 @pytest.fixture(scope='session')
 def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():

@@ -36,6 +36,7 @@ SETTINGS = dict(num_epochs=2, checkpoint_min_seconds=0, model__dropout_rate=0.2,
                 eval_batch_size=1000, optimizer='adamw', learning_rate=2e-3, weight_decay=1e-4,
                 schedule='cosine', warmup_epochs=1.0, seed=1)
 MODES = ('jit', 'mesh', 'pmap')
+MEMBER_MODES = ('mesh', 'pmap')  # num_models=2 runs on the 8 devices.
 # A constant learning rate, so that the same runs also serve as the checkpoints resumed across modes.
 RESUMABLE = {**SETTINGS, 'schedule': 'constant', 'warmup_epochs': 0}
 
@@ -87,6 +88,9 @@ def main(out_dir: str) -> None:
   out = pathlib.Path(out_dir)
   for mode in MODES:  # Each writes OUT_DIR/<mode>/metrics.jsonl and checkpoints 1 and 2.
     loop.train_and_evaluate(make_config(parallel=mode, **RESUMABLE), RunDirectory(out / mode))
+  for mode in MEMBER_MODES:  # Two members, seeds 0 and 1: member 1 must train as the jit run.
+    loop.train_and_evaluate(make_config(parallel=mode, num_models=2, **{**RESUMABLE, 'seed': 0}),
+                            RunDirectory(out / f'members-{mode}'))
   report = {'device_count': jax.device_count()}
   report['mesh_state'] = walk_replicated_state(make_config(parallel='mesh', **RESUMABLE))
   resume_across_modes(out)

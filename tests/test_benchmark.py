@@ -192,3 +192,52 @@ def test_launch_phases_names_imports_and_the_projects_functions():
   assert 0 < rows['idx.py:load_idx'] <= rows['profile total']
   assert set(rows) >= {'imports', "JAX's backends"}
   assert not any(name.startswith(('pstats', 'cProfile')) for name in rows)
+
+
+def test_members_are_timed_beside_one_model_and_the_ratio_is_of_the_medians():
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.members', '--data=synthetic',
+                        '--num_images=512', '--batch_size=64', '--num_models=2', '--repeats=3',
+                        '--max_shift=1', '--nolaunches'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr
+  figures = json.loads(out.stdout.strip().splitlines()[-1])
+  epochs = figures['epochs']
+  assert '2 models side by side' in epochs['placement'] and epochs['max_shift'] == 1
+  assert 'shifts of up to 1 pixels' in out.stdout.splitlines()[0]
+  medians = {count: epochs['epoch_ms'][count]['median'] for count in ('1', '2')}
+  assert epochs['members_over_one'] == pytest.approx(medians['2'] / medians['1'])
+  assert f'members / one model:       {epochs["members_over_one"]:9.2f}x' in out.stdout
+  assert figures['launches'] is None
+
+
+def test_members_benchmark_refuses_a_single_member_in_one_line():
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.members', '--num_models=1'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode != 0
+  assert out.stderr.strip().splitlines() == [
+      'error: --num_models must be 2 or more, --repeats 3 or more and --launch_epochs 1 or more; '
+      'e.g. --num_models=3 --repeats=5 --launch_epochs=2']
+
+
+def recipes(*args: str) -> subprocess.CompletedProcess:
+  return subprocess.run([sys.executable, '-m', 'benchmarks.recipes', *args], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_recipes_take_a_configs_seeds_from_one_launch_with_their_ensemble(mnist_dir):
+  out = recipes('--one_launch', '--seeds=3,4', '--recipes=config',
+                '--overrides=num_epochs=1,data.train_split=train[:512],data.eval_split=test[:500]')
+  assert out.returncode == 0, out.stderr
+  rows = {line.split()[2]: line.split() for line in out.stdout.splitlines()[2:]}
+  assert list(rows) == ['3', '4', 'ensemble', 'mean']
+  seeds = [float(rows[seed][3].rstrip('%')) for seed in ('3', '4')]
+  assert float(rows['mean'][3].rstrip('%')) == pytest.approx(sum(seeds) / 2, abs=0.011)
+  assert len(rows['mean']) == 5 and len(rows['3']) == 4  # The launch's seconds, once.
+
+
+def test_recipes_refuse_seeds_one_launch_cannot_train_in_one_line():
+  out = recipes('--one_launch', '--seeds=0,2')
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      'error: --one_launch trains seeds s, s+1, ... together, got --seeds=0,2; pass consecutive '
+      'ones, e.g. --seeds=0,1,2']

@@ -54,6 +54,8 @@ BAD_INPUTS = {
                                              "unknown splits 'nope'"),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)],
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
+    'no models': ([CONFIG, '--config.num_models=0'],
+                  'num_models must be a positive integer, got 0; pass --config.num_models=N'),
     'missing data folder': ([CONFIG, *override_flags(data__dir='/nonexistent/mnist')],
                             'does not exist'),
     'seed past 64 bits': ([CONFIG, '--config.seed=9223372036854775808'],
@@ -94,6 +96,9 @@ BAD_CONFIGS = {
     'seed that a JAX key cannot tell from 0': (dict(seed=2**32), 'seed', '4294967296',
                                                '--config.seed=0'),
     'negative seed': (dict(seed=-1), 'seed', '-1', '--config.seed=0'),
+    'no models': (dict(num_models=0), 'num_models', '0', '--config.num_models=N'),
+    'members past the last seed': (dict(seed=2**32 - 2, num_models=3), 'num_models', '3',
+                                   '--config.num_models=2'),
     'all of a label smoothed away': (dict(label_smoothing=1.0), 'label_smoothing', '1.0',
                                      '--config.label_smoothing=0.1'),
 }

@@ -111,3 +111,26 @@ def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
   plain = steps.smoothed_losses(logits, labels, 0.0)
   np.testing.assert_array_equal(plain, optax.softmax_cross_entropy_with_integer_labels(logits,
                                                                                        labels))
+
+
+def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabilities():
+  recipe = learning(make_config(model__hidden_sizes=(16,)), steps_per_epoch=10)
+  create = jax.jit(lambda key: create_state(recipe, key))  # Eager initialization takes seconds.
+  init_keys, run_keys = steps.member_keys(4, 3)
+  members = create(init_keys)
+  assert members.step.shape == (3,)
+  for k in range(3):
+    init_key, run_key = steps.run_keys(4 + k)
+    assert jax.random.key_data(run_keys[k]).tolist() == jax.random.key_data(run_key).tolist()
+    alone = create(init_key)
+    for a, b in zip(jax.tree.leaves(alone.params), jax.tree.leaves(members.params)):
+      np.testing.assert_array_equal(a, b[k])  # Member k's initialization is seed 4 + k's.
+  images = jax.random.normal(jax.random.key(0), (5, 784))
+  predict, ensemble_logits = jax.jit(steps.predict_step), jax.jit(steps.ensemble_logits)
+  each = [jax.nn.softmax(predict(jax.tree.map(lambda x, k=k: x[k], members), images))
+          for k in range(3)]
+  ensemble = jax.nn.softmax(ensemble_logits(members, images))
+  np.testing.assert_allclose(ensemble, np.mean(each, axis=0), rtol=1e-6, atol=1e-7)
+  assert not np.allclose(each[0], each[1])  # Three models, not one.
+  lone = create(steps.run_keys(4)[0])
+  np.testing.assert_array_equal(ensemble_logits(lone, images), predict(lone, images))  # One model: its own logits.

@@ -13,8 +13,8 @@ import pytest
 
 from errors import ConfigError, UserError
 from tests.conftest import (EVAL_COUNT, ROOT, TRAIN_COUNT, assert_same_numbers, make_config,
-                            on_devices, read_metrics)
-from tests.parallel_probe import RESUMES, SETTINGS
+                            member_records, on_devices, read_metrics)
+from tests.parallel_probe import MEMBER_MODES, RESUMES, SETTINGS
 from trainer import config_rules
 from trainer.run import choose_mode
 
@@ -38,6 +38,15 @@ def test_8_devices_give_one_devices_numbers_each_epoch(probe, mode):
   assert f'{mode} on 8 cpu devices, 16 per device per step' in stdout  # Not a silent fallback.
   assert 'jit on 1 cpu device' in stdout
   assert_same_numbers(read_metrics(out / mode), read_metrics(out / 'jit'))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('mode', MEMBER_MODES)
+def test_a_member_on_8_devices_trains_as_its_seeds_run_on_one(probe, mode):
+  """Member 1 of seeds 0 and 1, vmapped under shard_map or pmap, against seed 1's jit run."""
+  records = read_metrics(probe[2] / f'members-{mode}')
+  assert f'{mode} on 8 cpu devices, 16 per device per step; 2 models side by side' in probe[1]
+  assert_same_numbers(member_records(records, 1), read_metrics(probe[2] / 'jit'))
 
 
 @pytest.mark.slow

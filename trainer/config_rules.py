@@ -19,7 +19,7 @@ from mlp.optim import OPTIMIZERS, SCHEDULES
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
-POSITIVE_INTEGERS = ('num_epochs', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
+POSITIVE_INTEGERS = ('num_epochs', 'num_models', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
                      'max_checkpoints_to_keep')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
            'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES}
@@ -33,7 +33,7 @@ FREE_FIELDS = frozenset({
     'profile_epoch', 'data.dir', 'data.tfds_data_dir', 'data.eval_split'})
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {
-    'dtype': 'float32', 'label_smoothing': 0.0,
+    'dtype': 'float32', 'label_smoothing': 0.0, 'num_models': 1,
     **{f'data.distort.{name}': value for name, value in dataclasses.asdict(Distortion()).items()}}
 
 
@@ -50,6 +50,10 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
   if not _is_int(config.seed) or not 0 <= config.seed < 2**32:
     raise ConfigError('seed', f'must be an integer from 0 to {2**32 - 1} (a JAX key holds 32 '
                       'bits)', config.seed, '0')
+  if config.seed + config.num_models > 2**32:
+    raise ConfigError('num_models', f'must leave seed + num_models - 1 at most {2**32 - 1} (model k '
+                      f'trains with seed + k; seed is {config.seed})', config.num_models,
+                      str(2**32 - config.seed))
   for name in ('num_devices', 'profile_epoch'):
     if not _is_int(config[name]) or config[name] < 0:
       raise ConfigError(name, 'must be an integer >= 0', config[name], 'N')

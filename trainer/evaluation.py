@@ -10,7 +10,7 @@ from mlp import steps
 from trainer import checkpoints, config_rules, pictures
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.reporting import format_line
-from trainer.run import Run, make_mesh, open_run, state_template
+from trainer.run import Run, keys_of, make_mesh, open_run, state_template
 from trainer.run_dir import RunDirectory
 
 _predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled per shape and batch.
@@ -23,18 +23,26 @@ def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
     return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
 
 
+def ensemble_of(config: ml_collections.ConfigDict) -> str:
+  """Words for what classifies when a run trains several models: their ensemble; '' for one."""
+  if config.num_models == 1:
+    return ''
+  return f', ensemble of {config.num_models} models (mean probabilities)'
+
+
 def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
   images, labels = run.eval.images, run.eval.labels  # The host's copy: none comes back.
   predicted = predict_logits(state, run.epochs.eval_data[0], run.config).argmax(axis=1)
   matrix = pictures.confusion_matrix(labels, predicted)
-  where = f'{run.config.data.eval_split}, checkpoint of epoch {epoch}'
+  where = f'{run.config.data.eval_split}, checkpoint of epoch {epoch}{ensemble_of(run.config)}'
   run.reporter.pictures({
       'mistakes': pictures.draw_mistakes(images, labels, predicted, f'mistakes on {where}'),
       'confusion': pictures.draw_confusion(matrix, f'confusion matrix on {where}')}, epoch)
   per_digit = pictures.per_digit_accuracy(matrix)
   shares = '  '.join(f'{digit} {100 * share:.1f}%' for digit, share in enumerate(per_digit))
-  run.reporter.log(f'eval accuracy per digit: {shares}; drew its mistakes.png and confusion.png')
+  run.reporter.log(f'eval accuracy per digit{ensemble_of(run.config)}: {shares}; drew its '
+                   'mistakes.png and confusion.png')
   return per_digit
 
 
@@ -42,7 +50,7 @@ def _score(run: Run, restored: Restored) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
   metrics = run.epochs.evaluate(restored.state)
   return {'epoch': restored.epoch, 'eval_split': run.config.data.eval_split,
-          'eval_loss': metrics['loss'], 'eval_accuracy': metrics['accuracy'],
+          **{f'eval_{name}': value for name, value in metrics.items()},
           'eval_accuracy_per_digit': draw_and_score_digits(run, restored.state, restored.epoch)}
 
 
@@ -79,8 +87,8 @@ def report_finished(run: Run, restored: Restored) -> dict:
   evaluated = _score(run, restored)
   recorded = run.reporter.recorded(restored.epoch)
   if recorded:
-    record = {**recorded, 'eval_loss': evaluated['eval_loss'],
-              'eval_accuracy': evaluated['eval_accuracy']}
+    record = {**recorded, **{name: value for name, value in evaluated.items()
+                             if name in recorded and name.startswith('eval_')}}
     run.reporter.log(format_line(record, restored.epoch, 0))
     return record
   run.reporter.evaluation(evaluated)
@@ -99,7 +107,7 @@ def restore_run(run_dir: RunDirectory) -> tuple[ml_collections.ConfigDict, Resto
     raise missing
   config = config_rules.config_from_flat(flat)
   config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
-  run_key = steps.run_keys(config.seed)[1]  # What the saved run key is checked against.
+  run_key = keys_of(config)[1]  # What the saved run key is checked against.
   with Checkpoints(run_dir, config, run_key, read_only=True) as saved:
     restored = saved.restore(state_template(config, make_mesh('jit')))
   if restored is None:

@@ -13,7 +13,7 @@ import ml_collections
 
 from errors import UserError
 from mlp import steps
-from trainer import evaluation, processes
+from trainer import evaluation, processes, reporting
 from trainer.checkpoints import Restored
 from trainer.config_rules import config_from_flat
 from trainer.run import Run, learning, open_run
@@ -100,6 +100,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
     # first, with the checkpoint the run resumes from, not behind a picture that could not be written.
     run.checkpoints.wait()
     evaluation.draw_and_score_digits(run, state, config.num_epochs)
+    if config.num_models > 1:
+      run.reporter.log(reporting.members_summary(record, config.seed))
     _report_saved(run)
     return record
 
@@ -155,10 +157,8 @@ def _train_and_evaluate_epoch(run: Run, state: steps.TrainState,
   eval_metrics = epochs.evaluate(state)
   return state, {
       'epoch': epoch,
-      'train_loss': train_metrics['loss'],
-      'train_accuracy': train_metrics['accuracy'],
-      'eval_loss': eval_metrics['loss'],
-      'eval_accuracy': eval_metrics['accuracy'],
+      **{f'train_{name}': value for name, value in train_metrics.items()},
+      **{f'eval_{name}': value for name, value in eval_metrics.items()},
       'epoch_seconds': time.perf_counter() - start,
       'train_images_per_second': epochs.steps_per_epoch * run.config.batch_size / train_seconds,
       'learning_rate': epochs.learning_rate(epoch),

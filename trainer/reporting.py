@@ -39,14 +39,45 @@ def format_duration(seconds: float) -> str:
   return f'{hours}h{minutes:02d}m'
 
 
-def format_line(record: dict[str, float], num_epochs: int, eta_seconds: float) -> str:
+def members_part(record: dict[str, Any], split: str = 'eval') -> str:
+  """After a split's figures of members (which are their means): their range and the ensemble's
+  accuracy; '' for a lone model."""
+  each = record.get(f'{split}_accuracy_by_member')
+  if not each:
+    return ''
+  return (f' (mean of {len(each)} models, {100 * min(each):.2f}-{100 * max(each):.2f}%; '
+          f'ensemble {100 * record[f"{split}_ensemble_accuracy"]:.2f}%)')
+
+
+def members_summary(record: dict[str, Any], seed: int) -> str:
+  """The end of a run of members: their eval accuracies' mean and spread, and the ensemble's."""
+  each = np.array(record['eval_accuracy_by_member'])
+  return (f'{len(each)} models (seeds {seed} to {seed + len(each) - 1}): eval accuracy '
+          f'{100 * each.mean():.2f}% ± {100 * each.std(ddof=1):.2f}% (mean ± standard deviation); '
+          f'their ensemble (mean probabilities) {100 * record["eval_ensemble_accuracy"]:.2f}%')
+
+
+def format_line(record: dict[str, Any], num_epochs: int, eta_seconds: float) -> str:
   """The one log line of an epoch, with the same figures as its metrics.jsonl record."""
   width = len(str(num_epochs))
   return (f'epoch {record["epoch"]:>{width}}/{num_epochs}  '
           f'train loss {record["train_loss"]:.4f} acc {100 * record["train_accuracy"]:6.2f}%  '
-          f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%  '
-          f'{record["epoch_seconds"]:.2f}s  {record["train_images_per_second"]:,.0f} img/s  '
+          f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%'
+          f'{members_part(record)}  {record["epoch_seconds"]:.2f}s  '
+          f'{record["train_images_per_second"]:,.0f} img/s  '
           f'ETA {format_duration(eta_seconds)}')
+
+
+def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+  """A record's TensorBoard scalars by tag; a list of members' figures, one per member (`/0`...)."""
+  tagged: list[tuple[str, float]] = []
+  for name, value in record.items():
+    tag = TAGS.get(name, name.replace('_', '/', 1))
+    if isinstance(value, list):
+      tagged.extend((f'{tag}/{member}', each) for member, each in enumerate(value))
+    elif name != 'epoch':
+      tagged.append((tag, value))
+  return tagged
 
 
 def read_records(run_dir: RunDirectory, name: str = METRICS_FILE) -> list[dict]:
@@ -160,14 +191,13 @@ class Reporter:
     # the steps from there on that earlier files hold.
     self._events.write(Event(step=start_epoch + 1, session_log=SessionLog(status=SessionLog.START)))
 
-  def write(self, record: dict[str, float]) -> None:
+  def write(self, record: dict[str, Any]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
     self._records.append(record)
     _write_records(self._run_dir, METRICS_FILE, self._records)
     assert self._events is not None, 'written after start()'
     self._events.write(Event(step=int(record['epoch']), summary=Summary(value=[
-        Summary.Value(tag=TAGS.get(name, name.replace('_', '/', 1)), simple_value=value)
-        for name, value in record.items() if name != 'epoch'])))
+        Summary.Value(tag=tag, simple_value=value) for tag, value in scalars(record)])))
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
@@ -217,7 +247,8 @@ class Reporter:
     """An evaluated checkpoint: one line in eval.jsonl and one on the console."""
     _write_records(self._run_dir, EVAL_FILE, [*read_records(self._run_dir, EVAL_FILE), record])
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
-             f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%')
+             f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%'
+             f'{members_part(record)}')
 
 
 class _Silent(Reporter):

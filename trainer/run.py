@@ -125,13 +125,24 @@ def learning(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Learnin
 
 
 def create_state(recipe: Learning, key: jax.Array) -> steps.TrainState:
-  """Step 0 of the recipe: the model initialized from `key`, and its optimizer's state."""
-  return steps.create_train_state(recipe.model, recipe.optimizer, key)
+  """Step 0 of the recipe: the model initialized from `key`, and its optimizer's state; from keys
+  stacked [M], M members' states stacked."""
+  create = functools.partial(steps.create_train_state, recipe.model, recipe.optimizer)
+  return create(key) if key.ndim == 0 else jax.vmap(create)(key)
 
 
-def template_of(recipe: Learning, mesh: Mesh) -> steps.TrainState:
+def keys_of(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
+  """The run's init and run keys: its seed's, or with num_models > 1, member k's from seed + k,
+  stacked."""
+  if config.num_models == 1:
+    return steps.run_keys(config.seed)
+  return steps.member_keys(config.seed, config.num_models)
+
+
+def template_of(recipe: Learning, mesh: Mesh, num_models: int = 1) -> steps.TrainState:
   """The recipe's state as shapes, dtypes and replicated sharding, computed without creating it."""
-  abstract = jax.eval_shape(functools.partial(create_state, recipe), jax.random.key(0))
+  keys = jax.random.key(0) if num_models == 1 else jax.random.split(jax.random.key(0), num_models)
+  abstract = jax.eval_shape(functools.partial(create_state, recipe), keys)
   sharding = NamedSharding(mesh, P())
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
@@ -140,7 +151,18 @@ def template_of(recipe: Learning, mesh: Mesh) -> steps.TrainState:
 def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
                    steps_per_epoch: int = 1) -> steps.TrainState:
   """The state a checkpoint of the config restores into, on the mesh: shapes, dtypes, sharding."""
-  return template_of(learning(config, steps_per_epoch), mesh)
+  return template_of(learning(config, steps_per_epoch), mesh, config.num_models)
+
+
+def figures(sums: dict[str, Any]) -> dict[str, Any]:
+  """Host metric sums as loss and accuracy; of members ([M] sums), the members' means, and each
+  member's in `loss_by_member` and `accuracy_by_member`."""
+  if np.ndim(sums['count']) == 0:
+    return steps.summarize(sums)
+  each = [steps.summarize({k: v[m] for k, v in sums.items()}) for m in range(len(sums['count']))]
+  losses, accuracies = [e['loss'] for e in each], [e['accuracy'] for e in each]
+  return {'loss': sum(losses) / len(losses), 'accuracy': sum(accuracies) / len(accuracies),
+          'loss_by_member': losses, 'accuracy_by_member': accuracies}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,8 +176,8 @@ class Epochs:
   mode: str  # 'jit', 'mesh' or 'pmap'.
   mesh: Mesh
   learning: Learning
-  init_key: jax.Array  # Initializes a fresh model.
-  run_key: jax.Array  # On the mesh: drives every epoch's order, dropout and shifts.
+  init_key: jax.Array  # Initializes a fresh model (members: one key each, stacked).
+  run_key: jax.Array  # On the mesh: drives every epoch's order, dropout and shifts (each member's).
   train_data: epoch.Data | None  # None when only evaluating.
   eval_data: epoch.Data
   steps_per_epoch: int  # Training steps per epoch; 0 when only evaluating.
@@ -173,17 +195,24 @@ class Epochs:
     return create(self.init_key)
 
   def train_epoch(self, state: steps.TrainState,
-                  number: int) -> tuple[steps.TrainState, dict[str, float]]:
-    """Epoch `number` from `state` (which it consumes); the new state and its host metrics."""
+                  number: int) -> tuple[steps.TrainState, dict[str, Any]]:
+    """Epoch `number` from `state` (which it consumes); the new state and its host metrics (of
+    members, their means and each one's: `figures`)."""
     assert self.train_program is not None and self.train_data is not None, 'built to evaluate'
     with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
       number_on_mesh = replicate(np.int32(number), self.mesh)
     state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
-    return state, steps.summarize(jax.device_get(sums))
+    return state, figures(jax.device_get(sums))
 
-  def evaluate(self, state: steps.TrainState) -> dict[str, float]:
-    """The eval split's mean loss and accuracy for `state`."""
-    return steps.summarize(jax.device_get(self.eval_program(state, self.eval_data)))
+  def evaluate(self, state: steps.TrainState) -> dict[str, Any]:
+    """The eval split's mean loss and accuracy for `state`; of members, also each one's and their
+    ensemble's (`ensemble_loss`, `ensemble_accuracy`)."""
+    sums = jax.device_get(self.eval_program(state, self.eval_data))
+    if isinstance(sums, dict):
+      return figures(sums)
+    members, ensemble = sums
+    together = steps.summarize(ensemble)
+    return {**figures(members), **{f'ensemble_{k}': v for k, v in together.items()}}
 
   def learning_rate(self, epoch: int) -> float:
     """The rate of the epoch's last update, whose optimizer count was the number of updates
@@ -200,18 +229,18 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
   mode, mesh = where or mode_and_mesh(config)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
   recipe = learning(config, steps_per_epoch or 1)
-  init_key, run_key = steps.run_keys(config.seed)
-  run_key, template = replicate(run_key, mesh), template_of(recipe, mesh)
+  init_key, run_key = keys_of(config)
+  run_key, template = replicate(run_key, mesh), template_of(recipe, mesh, config.num_models)
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
   train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(evaluation)
   axis = None if mode == 'jit' else AXIS
-  train_program = None
+  train_program, (train_fn, evaluate_fn) = None, _epoch_functions(config.num_models)
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
-      train_program = _compile(functools.partial(epoch.train_epoch, spec=epoch_spec(config, axis)),
+      train_program = _compile(functools.partial(train_fn, spec=epoch_spec(config, axis)),
                                mesh, mode, (template, train_data, run_key, number), donate=True)
-    eval_program = _compile(functools.partial(epoch.evaluate, batch_size=config.eval_batch_size,
+    eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
                                               axis_name=axis), mesh, mode, (template, eval_data),
                             donate=False)
   return Epochs(mode, mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
@@ -219,12 +248,21 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
                 time.perf_counter() - start)
 
 
+def _epoch_functions(num_models: int) -> tuple[Callable, Callable]:
+  """mlp/'s training epoch and evaluation of one model, or of num_models members side by side."""
+  if num_models == 1:
+    return epoch.train_epoch, epoch.evaluate
+  return epoch.train_members, epoch.evaluate_members
+
+
 def _placement(config: ml_collections.ConfigDict, mode: str, mesh: Mesh) -> str:
   """How and where the epochs run, for the log."""
   across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
   per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
+  members = (f'; {config.num_models} models side by side (seeds {config.seed} to '
+             f'{config.seed + config.num_models - 1})' if config.num_models > 1 else '')
   return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
-          f'{across}{per_device}')
+          f'{across}{per_device}{members}')
 
 
 @dataclasses.dataclass(frozen=True)
