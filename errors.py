@@ -83,3 +83,16 @@ def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) 
   """Ends the program with the one line a user sees for their mistake."""
   print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
   exit_now(status)
+
+
+def parse_tool_flags(argv: list[str], usage: str) -> list[str]:
+  """absl's flag parsing for predict.py and export.py: a mistake is one line with the usage, and
+  absl logs warnings and errors only, as in train.py. Returns the arguments left over."""
+  from absl import flags  # pylint: disable=g-import-not-at-top; the library raises, never parses
+  try:
+    rest = flags.FLAGS(argv)
+  except flags.Error as error:
+    fail(f'{error}; usage: {usage}', 2)
+  if flags.FLAGS['verbosity'].using_default_value:
+    flags.FLAGS.verbosity = -1  # type: ignore[assignment]
+  return rest

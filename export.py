@@ -6,7 +6,7 @@ import sys
 from absl import app
 from absl import flags
 
-from errors import UserError, fail
+from errors import UserError, fail, parse_tool_flags
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
 
 _WORKDIR = flags.DEFINE_string(
@@ -23,12 +23,7 @@ USAGE = 'python export.py --workdir=RUN --out=DIR [--formats=stablehlo,savedmode
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
-  try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as error:
-    fail(f'{error}; usage: {USAGE}', 2)
-  if flags.FLAGS['verbosity'].using_default_value:
-    flags.FLAGS.verbosity = -1  # type: ignore[assignment]  # Warnings and errors, as train.py.
+  rest = parse_tool_flags(argv, USAGE)
   unknown = ', '.join(name for name in _FORMATS.value if name not in FILES)
   for mistake, why in ((not _WORKDIR.value, 'no run given; pass the directory of a trained run'),
                        (not _OUT.value, 'no --out given; pass a folder to export to'),

@@ -8,7 +8,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from errors import UserError, fail
+from errors import UserError, fail, parse_tool_flags
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -19,12 +19,7 @@ USAGE = 'python predict.py --workdir=RUN IMAGE_OR_FOLDER...'
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
-  try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as error:
-    fail(f'{error}; usage: {USAGE}', 2)
-  if flags.FLAGS['verbosity'].using_default_value:
-    flags.FLAGS.verbosity = -1  # Warnings and errors only, as train.py.
+  rest = parse_tool_flags(argv, USAGE)
   if not _WORKDIR.value:
     fail(f'no run given; pass the run directory of a trained run: {USAGE}', 2)
   if len(rest) < 2:
