@@ -184,6 +184,32 @@ def test_shift_translates_images_and_fills_with_background():
   np.testing.assert_allclose(pixels[0].sum(), 1.0, rtol=1e-5)  # Nothing but the one pixel.
 
 
+def translated(images: np.ndarray, offsets: np.ndarray, max_shift: int) -> np.ndarray:
+  """[N, 784] images each moved by max_shift minus its (dy, dx) offset, as in the test above (0
+  moves it down or right), background (0) where nothing moved in: plain numpy, slice by slice."""
+  out = np.zeros_like(images).reshape(-1, 28, 28)
+  for image, moved, (dy, dx) in zip(images.reshape(-1, 28, 28), out, max_shift - offsets):
+    moved[max(dy, 0):28 + min(dy, 0), max(dx, 0):28 + min(dx, 0)] = (
+        image[max(-dy, 0):28 + min(-dy, 0), max(-dx, 0):28 + min(-dx, 0)])
+  return out.reshape(images.shape)
+
+
+@pytest.mark.parametrize('max_shift', [1, 2])
+def test_shift_moves_pixels_bit_for_bit_for_every_offset_also_under_members_vmap(max_shift):
+  each_way = range(2 * max_shift + 1)
+  offsets = np.array([[dy, dx] for dy in each_way for dx in each_way], np.int32)
+  images = np.random.default_rng(0).integers(1, 256, (len(offsets), 784)).astype(np.float32) / 255
+  bits = lambda pixels: np.asarray(pixels).view(np.uint32)
+  shifted = jax.jit(augment.shift, static_argnums=2)(jnp.asarray(images), offsets, max_shift)
+  assert np.array_equal(bits(shifted), bits(translated(images, offsets, max_shift)))
+  # As num_models runs it: the images unmapped, each member's offsets its own.
+  members = np.stack([offsets, offsets[::-1]])
+  together = jax.jit(jax.vmap(augment.shift, in_axes=(None, 0, None)), static_argnums=2)(
+      jnp.asarray(images), members, max_shift)
+  for member, member_offsets in zip(together, members):
+    assert np.array_equal(bits(member), bits(translated(images, member_offsets, max_shift)))
+
+
 def test_shift_offsets_depend_on_the_example_not_its_position():
   key = jax.random.key(0)
   indices = jnp.array([5, 9, 2, 7])
