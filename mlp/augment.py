@@ -46,7 +46,7 @@ def shift_offsets(key: jax.Array, epoch: jax.Array, indices: jax.Array,
 
 
 def shift(pixels: jax.Array, offsets: jax.Array, max_shift: int) -> jax.Array:
-  """Translates each 28x28 image by its offset minus max_shift, filling with background."""
+  """Translates each 28x28 image by max_shift minus its offset, filling with background."""
   padded = jnp.pad(pixels.reshape(-1, SIDE, SIDE), ((0, 0), (max_shift, max_shift),
                                                     (max_shift, max_shift)))
   crop = lambda image, at: jax.lax.dynamic_slice(image, (at[0], at[1]), (SIDE, SIDE))
