@@ -18,7 +18,7 @@ NO_PYTHON = error: this project needs Python 3.11 or newer, and $(or $(PYTHON),p
 ACCELERATOR ?=
 REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt requirements/dev.txt
 
-.PHONY: train test test-fast test-numbers-every-isa lint lock clean-env
+.PHONY: train test test-all test-numbers-every-isa lint lock clean-env
 
 $(VENV)/installed: requirements.txt
 	$(if $(and $(PYTHON),$(shell $(PYTHON) -c '$(SUPPORTED)' 2>/dev/null && echo yes)),,$(error $(NO_PYTHON)))
@@ -36,12 +36,14 @@ $(VENV)/installed-dev: $(VENV)/installed $(REQUIREMENTS)
 train: $(VENV)/installed
 	$(VENV_PYTHON) train.py --config=$(CONFIG) $(ARGS)
 
-# One test file per worker, on every core (pytest-xdist).
+# One test file per worker, on every core (pytest-xdist). `make test`: every test but the slow ones
+# (pytest.ini's `slow`: multi-process runs, kill -9, buckets, long runs), under 5 minutes on 2 cores;
+# `make test-all`: the whole suite, as CI runs it.
 test: $(VENV)/installed-dev
-	$(VENV_PYTHON) -m pytest -q -n auto --dist=loadfile
-
-test-fast: $(VENV)/installed-dev
 	$(VENV_PYTHON) -m pytest -q -n auto --dist=loadfile -m "not slow"
+
+test-all: $(VENV)/installed-dev
+	$(VENV_PYTHON) -m pytest -q -n auto --dist=loadfile
 
 # The numeric-contract tests compiled for each x86 instruction-set level this CPU offers, by XLA's
 # names (each sums floats in other orders); on another architecture, its native build only.
