@@ -257,5 +257,6 @@ def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',
       raise
     _stop_for_lost_peer(run_dir)
 
+
 if __name__ == '__main__':
   app.run(main, flags_parser=parse_flags)
