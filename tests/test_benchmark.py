@@ -198,6 +198,7 @@ def test_launch_phases_names_imports_and_the_projects_functions(tmp_path):
   assert not any(name.startswith(('pstats', 'cProfile')) for name in rows)
 
 
+@pytest.mark.slow  # A benchmark script end to end, 15-20 s.
 def test_members_are_timed_beside_one_model_and_the_ratio_is_of_the_medians():
   out = subprocess.run([sys.executable, '-m', 'benchmarks.members', '--data=synthetic',
                         '--num_images=512', '--batch_size=64', '--num_models=2', '--repeats=3',
@@ -228,6 +229,7 @@ def recipes(*args: str) -> subprocess.CompletedProcess:
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # A benchmark script end to end, 15-20 s.
 def test_recipes_take_a_configs_seeds_from_one_launch_with_their_ensemble(mnist_dir):
   out = recipes('--one_launch', '--seeds=3,4', '--recipes=config',
                 '--overrides=num_epochs=1,data.train_split=train[:512],data.eval_split=test[:500]')
