@@ -2,6 +2,7 @@
 
   python -m benchmarks.profile_epoch [--batch_size=128] [--dropout_rate=0.2] [--epochs=3] [--top=15]
       [--parallel=jit|mesh] [--data=idx|synthetic] [--ablate [--repeats=11]]
+      [--num_models=3 [--max_shift=1]]
 
 Traces the trainer's epoch (the run set-up's compiled program the throughput benchmark times), adds up
 the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
@@ -14,6 +15,8 @@ Op times overlap when XLA runs ops side by side on several threads, and they lea
 does to the next one's caches. --ablate then also times the epoch's wall clock as configured,
 without dropout, with plain SGD in place of the optimizer, with neither, and the MLP's matmuls
 alone (as benchmarks.throughput does), interleaved: what each part adds to an epoch as it runs.
+--num_models profiles the epoch of that many models side by side (the groups' times against one
+model's show what vmap costs), without --ablate.
 """
 
 import collections
@@ -41,6 +44,8 @@ _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
 _ABLATE = flags.DEFINE_bool('ablate', False, 'After the trace: wall time per epoch with parts of '
                              'the step removed, interleaved.')
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'With --ablate: timed epochs of each variant.')
+_NUM_MODELS = flags.DEFINE_integer('num_models', 1, 'Models side by side in the profiled epoch.')
+_MAX_SHIFT = flags.DEFINE_integer('max_shift', 0, "The epoch's pixel shifts (configs/default.py: 1).")
 _TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default: a temporary folder).')
 
 # The variants --ablate times: config overrides that remove a part of the step.
@@ -148,8 +153,9 @@ def report(trace: Trace, config: ml_collections.ConfigDict, examples: Examples, 
   for name, ns in totals.items():
     groups[category(*ops[name]) if name in ops else 'not matched to the program'] += ns
   lines = [
-      f'{config.optimizer}, dropout {config.model.dropout_rate}, batch {config.batch_size}; '
-      f'{description}; {jax.devices()[0].device_kind}',
+      f'{config.optimizer}, dropout {config.model.dropout_rate}, batch {config.batch_size}, '
+      f'shifts {config.data.max_shift}, {config.num_models} model(s); {description}; '
+      f'{jax.devices()[0].device_kind}',
       f'epoch: {untraced * 1e3:.1f} ms untraced, {sum(seconds) / epochs * 1e3:.1f} ms traced; '
       f'XLA op time {per_epoch_ms(op_total):.1f} ms per epoch (summed over threads)',
       '', f'{"ms/epoch":>9s} {"share":>6s}  group']
@@ -157,7 +163,8 @@ def report(trace: Trace, config: ml_collections.ConfigDict, examples: Examples, 
     lines.append(f'{per_epoch_ms(ns):9.1f} {ns / op_total:6.1%}  {group}')
   matmul_ns = groups['matmuls (forward and backward)']
   images = batches.whole_batches(len(examples), config.batch_size) * config.batch_size
-  flops = workload.matmul_flops_per_image(tuple(config.model.hidden_sizes)) * images * epochs
+  flops = (workload.matmul_flops_per_image(tuple(config.model.hidden_sizes)) * images * epochs
+           * config.num_models)
   if matmul_ns:  # Zero where the backend's trace names kernels, not the program's ops (GPU).
     lines.append(f'matmuls run at {flops / matmul_ns:.1f} GFLOP/s while they run '
                  f'({flops / epochs / 1e9:.1f} GFLOP per epoch)')
@@ -202,7 +209,11 @@ def main(argv: list[str]) -> None:
       raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
     if _ABLATE.value and _REPEATS.value < 1:
       raise UserError(f'--repeats={_REPEATS.value}: time at least one epoch of each')
+    if _NUM_MODELS.value < 1 or (_ABLATE.value and _NUM_MODELS.value > 1) or _MAX_SHIFT.value < 0:
+      raise UserError(f'--num_models={_NUM_MODELS.value} --max_shift={_MAX_SHIFT.value}: profile '
+                      '1 model or more, with shifts of 0 or more; --ablate takes one model')
     config = workload.benchmark_config()
+    config.num_models, config.data.max_shift = _NUM_MODELS.value, _MAX_SHIFT.value
     examples, description = workload.load_images()
     trainer = workload.TrainerRun(config, examples)
     ops = compiled_ops(trainer)

@@ -133,13 +133,15 @@ def test_bad_input_ends_in_one_line(args, expected):
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(jax.default_backend() != 'cpu', reason="the op groups are named for XLA:CPU's ops")
-def test_profile_attributes_every_op_of_the_epoch_to_a_group_and_times_each_part(mnist_dir):
+CPU_OPS = pytest.mark.skipif(jax.default_backend() != 'cpu',
+                             reason="the op groups are named for XLA:CPU's ops")
+
+
+def profile(*flags: str) -> tuple[str, dict[str, float]]:
+  """benchmarks.profile_epoch's output on a small epoch, and its table's share of each op group."""
   out = subprocess.run([sys.executable, '-m', 'benchmarks.profile_epoch', '--batch_size=32',
-                        '--num_images=640', '--epochs=1', '--ablate', '--repeats=1',
-                        f'--data_dir={mnist_dir}'], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                        '--num_images=640', '--epochs=1', *flags], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
   assert out.returncode == 0, out.stderr
   table = out.stdout.split('group\n', 1)[1].split('\n\n', 1)[0]
   shares = {}
@@ -151,16 +153,34 @@ def test_profile_attributes_every_op_of_the_epoch_to_a_group_and_times_each_part
           'dropout: random bits and masks'} <= set(shares)
   assert 'not matched to the program' not in shares  # Trace events all named program ops.
   assert sum(shares.values()) == pytest.approx(100, abs=0.5)
+  return out.stdout, shares
+
+
+@pytest.mark.slow
+@CPU_OPS
+def test_profile_attributes_every_op_of_the_epoch_to_a_group_and_times_each_part(mnist_dir):
+  stdout, _ = profile('--ablate', '--repeats=1', f'--data_dir={mnist_dir}')
+  assert ', 1 model(s); ' in stdout.splitlines()[0]
 
   # --ablate: each variant's epoch against the matmuls alone.
   rows = {match.group(3): (float(match.group(1)), float(match.group(2)))
-          for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', out.stdout, re.M)}
+          for match in re.finditer(r'^\s*([\d.]+) ms\s+([\d.]+)%  (.+)$', stdout, re.M)}
   assert list(rows) == [*ABLATIONS, MATMULS_ALONE]
   floor = rows[MATMULS_ALONE][0]
   for milliseconds, share in rows.values():  # Each share is the matmuls' time over the row's,
     # within what printing milliseconds to 0.1 and shares to 0.1% can round away.
     rounding = 0.06 + share * 0.05 * (1 / floor + 1 / milliseconds)
     assert share == pytest.approx(100 * floor / milliseconds, abs=rounding)
+
+
+@pytest.mark.slow
+@CPU_OPS
+def test_profile_of_models_side_by_side_groups_every_op_and_counts_every_models_matmuls(mnist_dir):
+  one, _ = profile('--max_shift=1', f'--data_dir={mnist_dir}')
+  two, _ = profile('--num_models=2', '--max_shift=1', f'--data_dir={mnist_dir}')
+  assert ', shifts 1, 2 model(s); ' in two.splitlines()[0]
+  gflop = [float(re.search(r'\(([\d.]+) GFLOP per epoch\)', out).group(1)) for out in (one, two)]
+  assert gflop[1] == pytest.approx(2 * gflop[0], rel=0.05)  # Printed to 0.1 GFLOP.
 
 
 @pytest.mark.slow
