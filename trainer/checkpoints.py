@@ -156,7 +156,7 @@ def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.Checkpoi
   if not read_only and config.checkpoint_min_seconds > 0:
     due = _DueAndPaced(config.checkpoint_every_epochs, config.checkpoint_min_seconds)
   # LatestN sees orbax's checkpoints only: set_aside renames damaged ones out of its sight. Orbax's
-  # default step folders ('3', ...), which RunDirectory.epochs() lists.
+  # default step folders ('3', ...), which RunDirectory.checkpoint_epochs() lists.
   return ocp.CheckpointManagerOptions(
       create=not read_only, cleanup_tmp_directories=not read_only,
       enable_async_checkpointing=True, enable_background_delete=not read_only,
@@ -246,7 +246,7 @@ def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   None when `run_dir` holds no checkpoint; UserError when none of them can be read.
   """
   damaged: list[tuple[int, str]] = []
-  for epoch in reversed(run_dir.epochs()):
+  for epoch in reversed(run_dir.checkpoint_epochs()):
     try:
       config = _read_meta(run_dir, epoch)['config']
       if isinstance(config, dict):
@@ -279,8 +279,10 @@ class Checkpoints:
     self._reports = _OrbaxReports(self.directory)  # Muting from here on.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
 
-  def epochs(self) -> list[int]:
-    """The epochs with a complete checkpoint, oldest first."""
+  def kept_epochs(self) -> list[int]:
+    """The epochs this run's manager keeps, oldest first: a save still being written counts (it
+    completes before the run ends), a failed one does not; RunDirectory.checkpoint_epochs() lists
+    the complete folders alone, where no manager is open."""
     return sorted(self._manager.all_steps())
 
   def save(self, epoch: int, state: steps.TrainState, force: bool) -> None:
@@ -322,7 +324,7 @@ class Checkpoints:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      kept = self.epochs()  # Orbax has dropped the failed save's epoch.
+      kept = self.kept_epochs()  # Orbax has dropped the failed save's epoch.
       failed = str(write_failed(self.directory, error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
@@ -336,12 +338,12 @@ class Checkpoints:
     transient I/O error: nothing is set aside), or when every one is damaged.
     """
     start = time.perf_counter()
-    processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
+    processes.check_same_checkpoints(max(self.kept_epochs(), default=0))  # Orbax restores together.
     step: Any = template.step  # A ShapeDtypeStruct here.
     rng = jax.ShapeDtypeStruct(self._run_key.shape, self._run_key.dtype, sharding=step.sharding)
     target = saved_tree(template, rng)
     damaged: list[tuple[int, str]] = []
-    for epoch in reversed(self.epochs()):
+    for epoch in reversed(self.kept_epochs()):
       try:
         meta, tree = self._restore_verified(epoch, target)
       except _Damaged as damage:

@@ -120,7 +120,7 @@ def _report_start(run: Run) -> None:
 
 def _end_epoch(run: Run, record: dict[str, float], signal_name: str | None) -> str | None:
   """Checks the epoch before it is recorded; the signal that stops the run, if any process got one."""
-  _check_finite(record, run.checkpoints.epochs())
+  _check_finite(record, run.checkpoints.kept_epochs())
   run.checkpoints.check()  # A background save that failed stops the run here.
   # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
   assert run.lock is not None, 'a training run holds its lock'

@@ -128,7 +128,7 @@ class RunDirectory:
   def glob(self, pattern: str) -> list[str]:
     return sorted(str(p) for p in self.path().glob(pattern))
 
-  def epochs(self) -> list[int]:
+  def checkpoint_epochs(self) -> list[int]:
     """The epochs of complete checkpoints, oldest first, from the folders alone (no manager, no
     peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
     without its commit marker."""
