@@ -328,12 +328,13 @@ class Checkpoints:
       failed = str(write_failed(self.directory, error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
-  def restore(self, template: steps.TrainState) -> Restored | None:
+  def restore(self, template: steps.TrainState,
+              warn: Callable[[str], None]) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
     Passes over only checkpoints whose damage can be named, and sets them aside unless reading
-    only (Restored.warnings words them for the user); raises UserError when the
+    only (each said through `warn`, in Restored.warnings' words); raises UserError when the
     checkpoints come from another config or code, when one cannot be read for another reason (a
     transient I/O error: nothing is set aside), or when every one is damaged.
     """
@@ -353,7 +354,10 @@ class Checkpoints:
                                   opt_state=tree['opt_state'])
       seconds = time.perf_counter() - start
       moved = () if self._read_only else tuple(self.set_aside([e for e, _ in damaged]))  # Barrier.
-      return Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
+      restored = Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
+      for line in restored.warnings():  # The one place a restore's damage is said.
+        warn(line)
+      return restored
     _none_restores(self.directory, damaged)
     return None
 
