@@ -57,11 +57,9 @@ def main(argv: list[str]) -> None:
     from serving import artifacts  # pylint: disable=g-import-not-at-top; after flags, for --help
     if SAVED_MODEL in formats:
       artifacts.require_tensorflow()  # Before the checkpoint is read.
-    from trainer import evaluation, reporting, run_dir  # pylint: disable=g-import-not-at-top
+    from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(given)
     config, restored = evaluation.restore_run(workdir)
-    for line in restored.warnings():
-      reporting.warn(line)
     with out.staged() as staging:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,

@@ -85,13 +85,11 @@ def main(argv: list[str]) -> None:
     files = image_files(argv[1:])
     digits = read_digits(files)  # Before JAX loads: a bad file is reported at once.
     os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
-    from trainer import evaluation, reporting, run_dir  # pylint: disable=g-import-not-at-top
+    from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(_WORKDIR.value)
     config, restored = evaluation.restore_run(workdir)
   except UserError as error:
     fail(str(error), 1)
-  for line in restored.warnings():
-    reporting.warn(line)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
         f'epoch {restored.epoch} in {workdir}{evaluation.ensemble_of(config)}', file=sys.stderr)

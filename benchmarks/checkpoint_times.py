@@ -114,7 +114,7 @@ def time_restores(checkpoints: checkpoint.Checkpoints, template: steps.TrainStat
   restores, fingerprints = [], []
   for _ in range(REPEATS.value):
     start = time.perf_counter()
-    restored = checkpoints.restore(template)
+    restored = checkpoints.restore(template, lambda _: None)
     assert restored is not None, 'the checkpoint just saved'
     restores.append(time.perf_counter() - start)
     start = time.perf_counter()

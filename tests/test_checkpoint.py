@@ -77,7 +77,7 @@ def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
   template = state_template(config, mode_and_mesh(config)[1])
   with Checkpoints(RunDirectory(workdir), config, run_key(config), read_only=True) as checkpoints:
-    return checkpoints.restore(template)
+    return checkpoints.restore(template, warn=lambda _: None)
 
 
 def assert_same_params(workdir, reference, config):
@@ -281,7 +281,7 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   with Checkpoints(RunDirectory(small_copy), config, run_key(config),
                    read_only=True) as checkpoints:
     with pytest.raises(UserError) as error:
-      checkpoints.restore(state_template(other, mode_and_mesh(other)[1]))
+      checkpoints.restore(state_template(other, mode_and_mesh(other)[1]), lambda _: None)
   message = str(error.value)
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')

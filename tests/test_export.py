@@ -17,7 +17,7 @@ from tests.conftest import ROOT, make_config, override_flags, run_train
 from tests.test_checkpoint import tiny_disk  # noqa: F401  (a fixture: a 2 MB tmpfs)
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
-from trainer.run_dir import RunDirectory
+from trainer.run_dir import RunDirectory, RunLock
 
 HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Python 3.14 yet.
 FORMATS = ['stablehlo', *(['savedmodel'] if HAS_TENSORFLOW else [])]
@@ -60,7 +60,7 @@ def exported(run, tmp_path_factory):
   live = shutil.copytree(run, tmp_path_factory.mktemp('live') / 'run')
   shutil.copytree(live / '1', live / '2.orbax-checkpoint-tmp-1795680000000000')  # Uncommitted.
   out = tmp_path_factory.mktemp('export') / 'model'
-  with RunDirectory(live).lock():
+  with RunLock(RunDirectory(live)):
     before = snapshot(live)
     result = export(f'--workdir={live}', f'--out={out}', f'--formats={",".join(FORMATS)}')
     if result.returncode and unreadable_by_tensorflow(result):  # This stack: StableHLO alone.

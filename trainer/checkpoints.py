@@ -156,7 +156,7 @@ def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.Checkpoi
   if not read_only and config.checkpoint_min_seconds > 0:
     due = _DueAndPaced(config.checkpoint_every_epochs, config.checkpoint_min_seconds)
   # LatestN sees orbax's checkpoints only: set_aside renames damaged ones out of its sight. Orbax's
-  # default step folders ('3', ...), which RunDirectory.epochs() lists.
+  # default step folders ('3', ...), which RunDirectory.checkpoint_epochs() lists.
   return ocp.CheckpointManagerOptions(
       create=not read_only, cleanup_tmp_directories=not read_only,
       enable_async_checkpointing=True, enable_background_delete=not read_only,
@@ -246,7 +246,7 @@ def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   None when `run_dir` holds no checkpoint; UserError when none of them can be read.
   """
   damaged: list[tuple[int, str]] = []
-  for epoch in reversed(run_dir.epochs()):
+  for epoch in reversed(run_dir.checkpoint_epochs()):
     try:
       config = _read_meta(run_dir, epoch)['config']
       if isinstance(config, dict):
@@ -279,8 +279,10 @@ class Checkpoints:
     self._reports = _OrbaxReports(self.directory)  # Muting from here on.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
 
-  def epochs(self) -> list[int]:
-    """The epochs with a complete checkpoint, oldest first."""
+  def kept_epochs(self) -> list[int]:
+    """The epochs this run's manager keeps, oldest first: a save still being written counts (it
+    completes before the run ends), a failed one does not; RunDirectory.checkpoint_epochs() lists
+    the complete folders alone, where no manager is open."""
     return sorted(self._manager.all_steps())
 
   def save(self, epoch: int, state: steps.TrainState, force: bool) -> None:
@@ -322,26 +324,27 @@ class Checkpoints:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      kept = self.epochs()  # Orbax has dropped the failed save's epoch.
+      kept = self.kept_epochs()  # Orbax has dropped the failed save's epoch.
       failed = str(write_failed(self.directory, error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
-  def restore(self, template: steps.TrainState) -> Restored | None:
+  def restore(self, template: steps.TrainState,
+              warn: Callable[[str], None]) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
     Passes over only checkpoints whose damage can be named, and sets them aside unless reading
-    only (Restored.warnings words them for the user); raises UserError when the
+    only (each said through `warn`, in Restored.warnings' words); raises UserError when the
     checkpoints come from another config or code, when one cannot be read for another reason (a
     transient I/O error: nothing is set aside), or when every one is damaged.
     """
     start = time.perf_counter()
-    processes.check_same_checkpoints(max(self.epochs(), default=0))  # Orbax restores together.
+    processes.check_same_checkpoints(max(self.kept_epochs(), default=0))  # Orbax restores together.
     step: Any = template.step  # A ShapeDtypeStruct here.
     rng = jax.ShapeDtypeStruct(self._run_key.shape, self._run_key.dtype, sharding=step.sharding)
     target = saved_tree(template, rng)
     damaged: list[tuple[int, str]] = []
-    for epoch in reversed(self.epochs()):
+    for epoch in reversed(self.kept_epochs()):
       try:
         meta, tree = self._restore_verified(epoch, target)
       except _Damaged as damage:
@@ -351,7 +354,10 @@ class Checkpoints:
                                   opt_state=tree['opt_state'])
       seconds = time.perf_counter() - start
       moved = () if self._read_only else tuple(self.set_aside([e for e, _ in damaged]))  # Barrier.
-      return Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
+      restored = Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
+      for line in restored.warnings():  # The one place a restore's damage is said.
+        warn(line)
+      return restored
     _none_restores(self.directory, damaged)
     return None
 

@@ -1,5 +1,7 @@
 """Evaluating a saved run: `eval_only`, a rerun of a finished run, and a run as a classifier."""
 
+from collections.abc import Callable
+
 import jax
 import ml_collections
 import numpy as np
@@ -7,9 +9,8 @@ import numpy as np
 from errors import UserError
 from mlp import epoch as epoch_lib
 from mlp import steps
-from trainer import checkpoints, config_rules, pictures
+from trainer import checkpoints, config_rules, pictures, reporting
 from trainer.checkpoints import Checkpoints, Restored
-from trainer.reporting import format_line
 from trainer.run import Run, keys_of, make_mesh, open_run, state_template
 from trainer.run_dir import RunDirectory
 
@@ -66,11 +67,9 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory
   if not run_dir.exists():
     raise missing
   with open_run(config, run_dir, evaluate_only=True) as run:  # Leaves a live run's files be.
-    restored = run.checkpoints.restore(run.epochs.template)
+    restored = run.checkpoints.restore(run.epochs.template, run.reporter.warn)
     if restored is None:
       raise missing
-    for line in restored.warnings():
-      run.reporter.warn(line)
     record = _score(run, restored)
     run.reporter.evaluation(record)
   return record
@@ -89,14 +88,16 @@ def report_finished(run: Run, restored: Restored) -> dict:
   if recorded:
     record = {**recorded, **{name: value for name, value in evaluated.items()
                              if name in recorded and name.startswith('eval_')}}
-    run.reporter.log(format_line(record, restored.epoch, 0))
+    run.reporter.log(reporting.format_line(record, restored.epoch, 0))
     return record
   run.reporter.evaluation(evaluated)
   return evaluated
 
 
-def restore_run(run_dir: RunDirectory) -> tuple[ml_collections.ConfigDict, Restored]:
-  """The run's config and its newest checkpoint that restores and verifies, on one device.
+def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.warn
+                ) -> tuple[ml_collections.ConfigDict, Restored]:
+  """The run's config and its newest checkpoint that restores and verifies, on one device; the
+  damaged ones passed over said through `warn`.
 
   Raises UserError when `run_dir` holds no checkpoint, or only damaged ones.
   """
@@ -109,7 +110,7 @@ def restore_run(run_dir: RunDirectory) -> tuple[ml_collections.ConfigDict, Resto
   config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
   run_key = keys_of(config)[1]  # What the saved run key is checked against.
   with Checkpoints(run_dir, config, run_key, read_only=True) as saved:
-    restored = saved.restore(state_template(config, make_mesh('jit')))
+    restored = saved.restore(state_template(config, make_mesh('jit')), warn)
   if restored is None:
     raise missing
   return config, restored

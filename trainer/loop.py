@@ -79,7 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   over after `lock_stale_after` silent seconds.
   """
   with open_run(config, run_dir, lock_stale_after) as run:
-    restored = run.checkpoints.restore(run.epochs.template)
+    restored = run.checkpoints.restore(run.epochs.template, run.reporter.warn)
     start_epoch = restored.epoch if restored else 0
     if restored:
       _report_resume(run, restored)
@@ -120,7 +120,7 @@ def _report_start(run: Run) -> None:
 
 def _end_epoch(run: Run, record: dict[str, float], signal_name: str | None) -> str | None:
   """Checks the epoch before it is recorded; the signal that stops the run, if any process got one."""
-  _check_finite(record, run.checkpoints.epochs())
+  _check_finite(record, run.checkpoints.kept_epochs())
   run.checkpoints.check()  # A background save that failed stops the run here.
   # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
   assert run.lock is not None, 'a training run holds its lock'
@@ -179,9 +179,7 @@ def _check_finite(record: dict[str, float], saved_epochs: list[int]) -> None:
 
 
 def _report_resume(run: Run, restored: Restored) -> None:
-  """Says where the run continues from, and which damaged newer checkpoints were set aside."""
-  for line in restored.warnings():
-    run.reporter.warn(line)
+  """Says where the run continues from, and how far the learning rate jumps if it does."""
   run.reporter.log(f'resumed from epoch {restored.epoch} (checkpoint restored and verified in '
                    f'{1000 * restored.seconds:.0f} ms){_schedule_change(run, restored)}')
 

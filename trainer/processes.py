@@ -167,7 +167,7 @@ def lost_a_peer(error: BaseException | None) -> bool:
 def lost_peer_line(run_dir: RunDirectory, command: str) -> str:
   """What every surviving process says: the run stopped, where it resumes, and how."""
   try:
-    newest = max(run_dir.epochs(), default=None)
+    newest = max(run_dir.checkpoint_epochs(), default=None)
   except Exception:  # pylint: disable=broad-except; the storage is unreachable too: say so
     newest, where = None, f'the run directory {run_dir} cannot be read now'
   else:

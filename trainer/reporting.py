@@ -227,7 +227,7 @@ class Reporter:
     with _refusal_said(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
                                                           create_perfetto_trace=True):
       yield
-    traces = self._run_dir.glob('plugins/profile/*')
+    traces = sorted(self._run_dir.path().glob('plugins/profile/*'))
     self.log(f'traced epoch {epoch} into {traces[-1]} (TensorBoard\'s profile tab with '
              f'--logdir={self._run_dir}, once pip install -r requirements/profile.txt has added it; '
              'or its perfetto_trace.json.gz in ui.perfetto.dev)')

@@ -35,15 +35,12 @@ def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_co
                       f'device{"s" if device_count > 1 else ""} present', wanted, '0')
   if mode == 'auto':
     mode = 'mesh' if device_count > 1 else 'jit'
-  if mode == 'jit' and process_count > 1:
-    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes',
-                      mode, 'mesh')
+  if mode in ('jit', 'pmap') and process_count > 1:
+    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes'
+                      f'{" (pmap runs in one)" if mode == "pmap" else ""}', mode, 'mesh')
   if mode == 'jit' and wanted > 1:
     raise ConfigError('parallel', 'must be mesh or pmap (or auto) to train on '
                       f'num_devices={wanted}', mode, 'mesh')
-  if mode == 'pmap' and process_count > 1:
-    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes '
-                      '(pmap runs in one)', mode, 'mesh')
   if mode != 'jit':
     for name in ('batch_size', 'eval_batch_size'):
       if config[name] % device_count:
@@ -148,10 +145,10 @@ def template_of(recipe: Learning, mesh: Mesh, num_models: int = 1) -> steps.Trai
                       abstract)
 
 
-def state_template(config: ml_collections.ConfigDict, mesh: Mesh,
-                   steps_per_epoch: int = 1) -> steps.TrainState:
-  """The state a checkpoint of the config restores into, on the mesh: shapes, dtypes, sharding."""
-  return template_of(learning(config, steps_per_epoch), mesh, config.num_models)
+def state_template(config: ml_collections.ConfigDict, mesh: Mesh) -> steps.TrainState:
+  """The state a checkpoint of the config restores into, for its parameters (the schedule's length
+  aside: one step an epoch), on the mesh: shapes, dtypes, sharding."""
+  return template_of(learning(config, 1), mesh, config.num_models)
 
 
 def figures(sums: dict[str, Any]) -> dict[str, Any]:
@@ -167,12 +164,8 @@ def figures(sums: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Epochs:
-  """A config's epochs on its devices, built once by `compile_epochs`: the mode and mesh, the
-  recipe and keys, the data resident on the mesh and the programs compiled over it, taking and
-  giving global arrays, replicated.
-
-  It holds no state: an epoch consumes (donates) the state it starts from.
-  """
+  """A config's epochs on its devices, built once by `compile_epochs`, global arrays in and out,
+  replicated; no state: an epoch consumes (donates) the state it starts from."""
   mode: str  # 'jit', 'mesh' or 'pmap'.
   mesh: Mesh
   learning: Learning
@@ -234,7 +227,9 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
   train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(evaluation)
   axis = None if mode == 'jit' else AXIS
-  train_program, (train_fn, evaluate_fn) = None, _epoch_functions(config.num_models)
+  train_program, (train_fn, evaluate_fn) = None, (
+      (epoch.train_epoch, epoch.evaluate) if config.num_models == 1 else
+      (epoch.train_members, epoch.evaluate_members))  # One model, or members side by side.
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
@@ -246,13 +241,6 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
   return Epochs(mode, mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
                 template, train_program, eval_program, _placement(config, mode, mesh),
                 time.perf_counter() - start)
-
-
-def _epoch_functions(num_models: int) -> tuple[Callable, Callable]:
-  """mlp/'s training epoch and evaluation of one model, or of num_models members side by side."""
-  if num_models == 1:
-    return epoch.train_epoch, epoch.evaluate
-  return epoch.train_members, epoch.evaluate_members
 
 
 def _placement(config: ml_collections.ConfigDict, mode: str, mesh: Mesh) -> str:
@@ -293,8 +281,8 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   with contextlib.ExitStack() as stack:
     lock = None
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
-      lock = stack.enter_context(run_dir.lock(
-          enabled=primary, on_every_process=processes.true_on_every_process,
+      lock = stack.enter_context(RunLock(
+          run_dir, enabled=primary, on_every_process=processes.true_on_every_process,
           stale_after=lock_stale_after, warn=reporter.warn))
       processes.check_shared_directory(run_dir)
     epochs = compile_epochs(config, train[0] if train else None, examples, where)

@@ -23,10 +23,6 @@ CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account
                     '`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS')
 
 
-def is_remote(path: str) -> bool:
-  return path.startswith(REMOTE_PREFIX)
-
-
 def blob(url: str) -> Any:
   """The Cloud Storage object at a `gs://` URL, from the client whose writes take preconditions."""
   from google.cloud import storage  # pylint: disable=g-import-not-at-top; only for gs://
@@ -63,8 +59,8 @@ class RunDirectory:
 
   def __init__(self, workdir: str | os.PathLike):
     workdir = os.fspath(workdir)
-    self.name = workdir.rstrip('/') if is_remote(workdir) else os.path.abspath(workdir)
-    self.remote = is_remote(workdir)
+    self.remote = workdir.startswith(REMOTE_PREFIX)
+    self.name = workdir.rstrip('/') if self.remote else os.path.abspath(workdir)
 
   def __str__(self) -> str:
     return self.name
@@ -125,19 +121,12 @@ class RunDirectory:
     with open(self.file(name), 'ab') as f:
       f.write(data)
 
-  def glob(self, pattern: str) -> list[str]:
-    return sorted(str(p) for p in self.path().glob(pattern))
-
-  def epochs(self) -> list[int]:
+  def checkpoint_epochs(self) -> list[int]:
     """The epochs of complete checkpoints, oldest first, from the folders alone (no manager, no
     peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
     without its commit marker."""
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; only when listing
     return sorted(ocp.path.step.checkpoint_steps(self.path()))
-
-  def lock(self, **options: Any) -> 'RunLock':
-    """The run lock of this directory (RunLock's options); held while entered."""
-    return RunLock(self, **options)
 
 
 LOCK_FILE = 'run.lock'
