@@ -11,14 +11,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
-  signal.signal(signal.SIGINT, lambda *_: interrupted())
+  from errors import end_at_ctrl_c
+  end_at_ctrl_c('stopped by Ctrl-C while starting; nothing was written')
 
 import ml_collections  # pylint: disable=wrong-import-position
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail
+from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail, say
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
@@ -159,9 +160,10 @@ def interrupted() -> None:
   """Ends the process where it is: an exception raised there could abandon orbax's writing threads
   mid-save, and the exit would wait on them forever. Every complete checkpoint stays, and the run
   lock is released: nothing more is written."""
-  locks = sys.modules.get('trainer.run_dir')  # Not imported yet: no lock is held.
-  if locks:
-    locks.release_held_locks()
+  # Not imported yet, or only partly (a Ctrl-C during its import): no lock is held.
+  release = getattr(sys.modules.get('trainer.run_dir'), 'release_held_locks', None)
+  if release:
+    release()
   fail(f'interrupted before the next checkpoint; resume from the newest one with: {this_command()}',
        130, exit_now=os._exit)
 
@@ -213,10 +215,13 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
 
 def main(argv: list[str]) -> None:
   del argv
+  signal.signal(signal.SIGINT, lambda *_: interrupted())  # The run's from here on.
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
-    from trainer import reporting  # pylint: disable=g-import-not-at-top
-    reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
+    try:
+      say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
+    except UserError as error:
+      fail(advice(error), 1)
     return
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')

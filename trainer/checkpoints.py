@@ -438,6 +438,8 @@ class Checkpoints:
     if processes.lost_a_peer(exc_info[0] if exc_info else None):
       self._failed = True  # Orbax's abandoned save may still report: muted to the end.
       return
+    if exc_type is not None and not issubclass(exc_type, Exception):
+      self._failed = True  # A Ctrl-C abandons orbax's reads and writes too: they may still report.
     try:
       self.close()
     except UserError:
