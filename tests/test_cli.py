@@ -51,8 +51,9 @@ BAD_INPUTS = {
     'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
     'no config flag': ([], 'no config given'),
     'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
-    'unknown splits after the config file': (['--config=configs/default.py:nope'],
-                                             "unknown splits 'nope'"),
+    'unknown splits after the config file': (
+        ['--config=configs/default.py:nope'], "error: unknown splits 'nope' after the config file "
+        'name; use test or validation, e.g. --config=configs/default.py:validation'),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)],
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
     'no models': ([CONFIG, '--config.num_models=0'],
@@ -149,6 +150,20 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
   assert str(error.value) == (
       f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
       'pass --config=configs/default.py')
+
+
+@pytest.mark.parametrize('code, expected', [
+    ('def get_config():\n  pass\n',
+     'error: get_config() of the config file {file} returned None; return the '
+     'ml_collections.ConfigDict it builds'),
+    ('SEED = 1\n', 'error: the config file {file} has no get_config(); define one that returns an '
+     'ml_collections.ConfigDict, or pass --config=configs/default.py'),
+])
+def test_a_config_file_without_a_config_is_one_line_naming_what_it_lacks(code, expected, tmp_path):
+  config_file = tmp_path / 'lacking.py'
+  config_file.write_text(code)
+  assert_fails_cleanly([f'--config={config_file}'], expected.format(file=config_file),
+                       tmp_path / 'run')
 
 
 def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp_path, mnist_dir):
