@@ -23,6 +23,8 @@ TENSORSTORE_DAMAGE_STATUS = re.compile(
 # compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
 ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
+# Orbax's warning of a step folder without its _CHECKPOINT_METADATA: not a checkpoint it wrote whole.
+ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.

@@ -31,6 +31,7 @@ from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import RunDirectory
+from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
                             without_timings)
 
@@ -297,6 +298,17 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   assert 'resumed from epoch 3' in capsys.readouterr().out
   assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
+
+
+def test_a_stray_numbered_folder_is_said_once_in_the_apps_own_words(small_copy, capsys, caplog):
+  (small_copy / '9').mkdir()  # Not a checkpoint: orbax warns of its missing step metadata.
+  with caplog.at_level(logging.WARNING):
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  assert not orbax_step_metadata_warnings(caplog.records, small_copy / '9')
+  warnings = [line for line in capsys.readouterr().err.splitlines() if line]
+  assert len(warnings) == 1 and warnings[0].startswith(
+      'warning: the checkpoint of epoch 9 is damaged: its metadata cannot be read'), warnings
+  assert (small_copy / f'{DAMAGED_PREFIX}9').is_dir()
 
 
 def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):

@@ -24,7 +24,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mlp import steps
-from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
+from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
+                    TENSORSTORE_DAMAGE_STATUS)
 from errors import UserError, causes, write_failed
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
@@ -205,9 +206,13 @@ class _OrbaxReports(logging.Filter):
     return any(self._folder in str(cause) for cause in causes(error))
 
   def filter(self, record: logging.LogRecord) -> bool:
-    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints."""
+    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints, and
+    for orbax's warning of a folder without its step metadata (a damaged checkpoint, said as one)."""
+    message = record.getMessage()
+    if ORBAX_NO_STEP_METADATA in message and self._folder in message:
+      return False
     return not (record.levelno >= logging.ERROR and (
-        self._folder in record.getMessage()
+        self._folder in message
         or self._names_folder(record.exc_info[1] if record.exc_info else None)))
 
   def _hook(self, unraisable: Any) -> None:
@@ -274,10 +279,14 @@ class Checkpoints:
     # The run's key (which a restore checks against the seed's), on the host: one copy of a
     # replicated one.
     self._run_key = np.asarray(jax.random.key_data(run_key).addressable_data(0))
-    self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
-                                          options=_options(config, read_only))
-    self._reports = _OrbaxReports(self.directory)  # Muting from here on.
+    self._reports = _OrbaxReports(self.directory)  # Muting from here on: the manager reads too.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
+    try:
+      self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
+                                            options=_options(config, read_only))
+    except BaseException:
+      self._reports.close(abandoned=False)
+      raise
 
   def kept_epochs(self) -> list[int]:
     """The epochs this run's manager keeps, oldest first: a save still being written counts (it
