@@ -323,7 +323,9 @@ def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy
 
 def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields(small_copy):
   before = snapshot(small_copy)
-  other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd')
+  # With data nowhere: refused before the data loads (data.dir is free to change on a resume).
+  other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd',
+                      data__dir='/nonexistent/mnist')
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(other, RunDirectory(small_copy))
   message = str(error.value)

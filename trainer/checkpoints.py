@@ -245,22 +245,42 @@ def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
                     'ones back from a backup, or move the numbered folders away to start over')
 
 
+def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] | str]]:
+  """Each checkpoint's flat config, newest first, as (epoch, config), or (epoch, why) where its
+  metadata cannot be read."""
+  for epoch in reversed(run_dir.checkpoint_epochs()):
+    try:
+      config = _read_meta(run_dir, epoch)['config']
+      if not isinstance(config, dict):
+        raise TypeError(f'the saved config is a {type(config).__name__}')
+    except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+      yield epoch, f'its metadata cannot be read ({_why(error)})'
+      continue
+    yield epoch, {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
+
+
 def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   """The flat config saved with the newest checkpoint whose metadata reads: what the run trained.
 
   None when `run_dir` holds no checkpoint; UserError when none of them can be read.
   """
   damaged: list[tuple[int, str]] = []
-  for epoch in reversed(run_dir.checkpoint_epochs()):
-    try:
-      config = _read_meta(run_dir, epoch)['config']
-      if isinstance(config, dict):
-        return {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
-      raise TypeError(f'the saved config is a {type(config).__name__}')
-    except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-      damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+  for epoch, found in _saved_configs(run_dir):
+    if isinstance(found, dict):
+      return found
+    damaged.append((epoch, found))
   _none_restores(run_dir.name, damaged)
   return None
+
+
+def refuse_other_numbers(run_dir: RunDirectory, config: ml_collections.ConfigDict) -> None:
+  """A resume whose config trains other numbers than the newest readable checkpoint's is refused
+  before the data loads and anything compiles; damage is left to Checkpoints.restore."""
+  for epoch, found in _saved_configs(run_dir):
+    if isinstance(found, dict):
+      config_rules.check_resumable(found, config_rules.flat_config(config),
+                                   f'the checkpoint of epoch {epoch} in {run_dir.name}')
+      return
 
 
 class Checkpoints:
