@@ -1,9 +1,11 @@
 """Errors a user can act on: the library raises them, train.py prints each as one line, its fix."""
 
+import os
 import re
+import signal
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 
 # Other libraries' errors that only their text tells apart (no exception type or status code of
@@ -21,6 +23,8 @@ TENSORSTORE_DAMAGE_STATUS = re.compile(
 # compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
 ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
+# Orbax's warning of a step folder without its _CHECKPOINT_METADATA: not a checkpoint it wrote whole.
+ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.
@@ -77,6 +81,27 @@ def write_failed(path: str, error: Exception, saved: bool | None = None) -> User
           False: ' to start again: no checkpoint was saved', None: ''}[saved]
   return UserError(f'cannot write {path} ({reason}); free space or restore access there, then '
                    f'rerun the same command{then}')
+
+
+def say(line: str, stream: TextIO) -> None:
+  """Prints a line; a reader that has gone (`python train.py | head -1`) never stops the program,
+  and output that cannot be written (redirected to a full disk) is the user's one line."""
+  try:
+    print(line, file=stream, flush=True)
+  except OSError as error:
+    # Later lines, and the flush at exit, go nowhere instead of raising.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    if not isinstance(error, BrokenPipeError):
+      raise UserError(f'cannot write the output ({error.strerror}); free space where it is '
+                      'redirected, then rerun the same command') from error
+
+
+def end_at_ctrl_c(line: str) -> None:
+  """From now on a Ctrl-C ends the program at once in `line`: a KeyboardInterrupt would end in a
+  traceback of whatever it met, an import among them."""
+  signal.signal(signal.SIGINT, lambda *_: fail(line, 130, exit_now=os._exit))
 
 
 def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:

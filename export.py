@@ -1,12 +1,17 @@
 """Exports a trained run's classifier for serving: `python export.py --workdir=RUN --out=DIR`."""
 
 import os
+import signal
 import sys
+
+if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
+  from errors import end_at_ctrl_c
+  end_at_ctrl_c('stopped by Ctrl-C; nothing was exported')
 
 from absl import app
 from absl import flags
 
-from errors import UserError, fail, parse_tool_flags
+from errors import UserError, fail, parse_tool_flags, say
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
 
 _WORKDIR = flags.DEFINE_string(
@@ -39,9 +44,9 @@ def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str, ense
   """One line per file written, then what was exported from where."""
   width = max(len(os.path.join(out.path, name)) for name in (*sizes, MANIFEST))
   for name, count in sizes.items():
-    print(f'{os.path.join(out.path, name):<{width}}  {count / 1e6:6.2f} MB')
-  print(f'{os.path.join(out.path, MANIFEST):<{width}}  what was exported, from where, and its '
-        'inputs and outputs')
+    say(f'{os.path.join(out.path, name):<{width}}  {count / 1e6:6.2f} MB', sys.stdout)
+  say(f'{os.path.join(out.path, MANIFEST):<{width}}  what was exported, from where, and its '
+      'inputs and outputs', sys.stdout)
   print(f'exported the checkpoint of epoch {epoch} in {workdir}{ensemble}: uint8 images '
         '[N, 28, 28] in, class probabilities [N, 10] out', file=sys.stderr)
 
@@ -60,13 +65,17 @@ def main(argv: list[str]) -> None:
     from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(given)
     config, restored = evaluation.restore_run(workdir)
+    # From here a Ctrl-C unwinds, so that the staged copy is removed and an export there stays.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     with out.staged() as staging:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,
                                'models': config.num_models, 'config': restored.config})
+    report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
   except UserError as error:
     fail(str(error), 1)
-  report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
+  except KeyboardInterrupt:
+    fail('stopped by Ctrl-C while writing the export; rerun the same command to export the run', 130)
 
 
 if __name__ == '__main__':

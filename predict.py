@@ -3,12 +3,17 @@
 import json
 import os
 import sys
+import warnings
+
+if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
+  from errors import end_at_ctrl_c
+  end_at_ctrl_c('stopped by Ctrl-C; rerun the same command to classify the images')
 
 import numpy as np
 from absl import app
 from absl import flags
 
-from errors import UserError, fail, parse_tool_flags
+from errors import UserError, fail, parse_tool_flags, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -34,7 +39,12 @@ def image_files(paths: list[str]) -> list[str]:
   files = []
   for path in paths:
     if os.path.isdir(path):
-      found = sorted(os.path.join(path, name) for name in os.listdir(path)
+      try:
+        names = os.listdir(path)
+      except OSError as error:
+        raise UserError(f'cannot list the folder {path} ({error.strerror}); pass a folder that can '
+                        'be read, or the image files themselves') from error
+      found = sorted(os.path.join(path, name) for name in names
                      if os.path.splitext(name)[1].lower() in extensions
                      and os.path.isfile(os.path.join(path, name)))
       if not found:
@@ -55,8 +65,13 @@ def read_digits(files: list[str]) -> np.ndarray:
   digits = []
   for path in files:
     try:
-      with Image.open(path) as image:
-        digits.append(digit_images.to_mnist(image).reshape(-1))
+      with warnings.catch_warnings():  # Pillow's warning of a huge picture: refused as its error is.
+        warnings.simplefilter('error', Image.DecompressionBombWarning)
+        with Image.open(path) as image:
+          digits.append(digit_images.to_mnist(image).reshape(-1))
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+      raise UserError(f'{path} is too large a picture to read ({error}); pass a picture of one '
+                      'digit, a few hundred pixels across') from error
     except UnidentifiedImageError as error:
       raise UserError(f'{path} is not an image Pillow can read; pass PNG, JPEG or another picture '
                       'format') from error
@@ -64,7 +79,8 @@ def read_digits(files: list[str]) -> np.ndarray:
       raise UserError(f'{path}: {error}; pass a picture of one dark digit on a light page, or the '
                       'reverse') from error
     except (OSError, ValueError) as error:
-      raise UserError(f'{path} cannot be read ({error}); pass a complete image file') from error
+      raise UserError(f'{path} cannot be read ({error}); pass a complete image file that this user '
+                      'can read') from error
   return np.stack(digits)
 
 
@@ -74,10 +90,11 @@ def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
   for path, row in zip(files, probabilities):
     first, second = (int(d) for d in row.argsort()[::-1][:2])
     if as_json:
-      print(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
-                        'runner_up': second, 'runner_up_probability': float(row[second])}))
+      say(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
+                      'runner_up': second, 'runner_up_probability': float(row[second])}), sys.stdout)
     else:
-      print(f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}')
+      say(f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}',
+          sys.stdout)
 
 
 def main(argv: list[str]) -> None:
@@ -88,9 +105,9 @@ def main(argv: list[str]) -> None:
     from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(_WORKDIR.value)
     config, restored = evaluation.restore_run(workdir)
+    report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   except UserError as error:
     fail(str(error), 1)
-  report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
         f'epoch {restored.epoch} in {workdir}{evaluation.ensemble_of(config)}', file=sys.stderr)
 

@@ -1,24 +1,27 @@
 """Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE]`."""
 
+import contextlib
 import functools
+import logging
 import os
 import shlex
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
-  signal.signal(signal.SIGINT, lambda *_: interrupted())
+  from errors import end_at_ctrl_c
+  end_at_ctrl_c('stopped by Ctrl-C while starting; nothing was written')
 
 import ml_collections  # pylint: disable=wrong-import-position
 from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail
+from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail, say
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
@@ -35,22 +38,49 @@ class ConfigFileParser(flags.ArgumentParser):
     self.loader = loader
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
+    file = os.path.abspath(argument.split(':', 1)[0])
     try:
-      return self.loader.parse(argument)
+      with _loader_logs_muted():  # Its warning of a get_config() that returned None: said below.
+        config = self.loader.parse(argument)
     except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
       # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
       cause = (error.__context__ if 'Error whilst parsing' in str(error) else None) or error
-      file = os.path.abspath(argument.split(':', 1)[0])
-      lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
-               if os.path.abspath(f.filename) == file]
-      where = f'{file}, line {lines[-1]}' if lines else file
-      text = ' '.join(str(cause).split())
-      raise ConfigFileFailed(f'the config file raised {type(cause).__name__}'
-                             f'{": " + text if text else ""} ({where}); fix it, or pass '
-                             '--config=configs/default.py') from None
+      raise ConfigFileFailed(_config_file_failure(cause, file)) from None
+    if config is None:
+      raise ConfigFileFailed(f'get_config() of the config file {file} returned None; return the '
+                             'ml_collections.ConfigDict it builds')
+    return config
 
   def flag_type(self) -> str:
     return self.loader.flag_type()
+
+
+def _config_file_failure(cause: BaseException, file: str) -> str:
+  """The line for an exception of a config file's code, in its own words where it checked the
+  user's argument (a UserError)."""
+  if isinstance(cause, UserError):
+    return str(cause)
+  if isinstance(cause, AttributeError) and 'get_config' in str(cause):
+    return (f'the config file {file} has no get_config(); define one that returns an '
+            'ml_collections.ConfigDict, or pass --config=configs/default.py')
+  lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
+           if os.path.abspath(f.filename) == file]
+  where = f'{file}, line {lines[-1]}' if lines else file
+  text = ' '.join(str(cause).split())
+  return (f'the config file raised {type(cause).__name__}{": " + text if text else ""} ({where}); '
+          'fix it, or pass --config=configs/default.py')
+
+
+@contextlib.contextmanager
+def _loader_logs_muted() -> Iterator[None]:
+  """Drops ml_collections' log records about loading a config file, which train.py words itself."""
+  muted = lambda record: not record.pathname.endswith('config_flags.py')
+  absl_logger = logging.getLogger('absl')
+  absl_logger.addFilter(muted)
+  try:
+    yield
+  finally:
+    absl_logger.removeFilter(muted)
 
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -159,9 +189,10 @@ def interrupted() -> None:
   """Ends the process where it is: an exception raised there could abandon orbax's writing threads
   mid-save, and the exit would wait on them forever. Every complete checkpoint stays, and the run
   lock is released: nothing more is written."""
-  locks = sys.modules.get('trainer.run_dir')  # Not imported yet: no lock is held.
-  if locks:
-    locks.release_held_locks()
+  # Not imported yet, or only partly (a Ctrl-C during its import): no lock is held.
+  release = getattr(sys.modules.get('trainer.run_dir'), 'release_held_locks', None)
+  if release:
+    release()
   fail(f'interrupted before the next checkpoint; resume from the newest one with: {this_command()}',
        130, exit_now=os._exit)
 
@@ -213,10 +244,13 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
 
 def main(argv: list[str]) -> None:
   del argv
+  signal.signal(signal.SIGINT, lambda *_: interrupted())  # The run's from here on.
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
-    from trainer import reporting  # pylint: disable=g-import-not-at-top
-    reporting.say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
+    try:
+      say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
+    except UserError as error:
+      fail(advice(error), 1)
     return
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')

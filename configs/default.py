@@ -9,6 +9,8 @@ Reads the MNIST files this project carries (data/mnist), offline. Choose recipes
 
 import ml_collections
 
+from errors import UserError
+
 
 # What `--config=FILE:SPLITS` trains on and scores: MNIST's convention is to choose recipes on a
 # validation split held out of the training set and to score only the chosen one on the test set.
@@ -18,8 +20,8 @@ SPLITS = {'test': ('train', 'test'), 'validation': ('train[:50000]', 'train[5000
 def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   """The starting point every other config copies and adjusts."""
   if splits not in SPLITS:
-    raise ValueError(f'unknown splits {splits!r} after the config file name; use '
-                     f'{" or ".join(SPLITS)}, e.g. --config=configs/default.py:validation')
+    raise UserError(f'unknown splits {splits!r} after the config file name; use '
+                    f'{" or ".join(SPLITS)}, e.g. --config=configs/default.py:validation')
   config = ml_collections.ConfigDict()
   config.seed = 0
   # Models trained side by side in one program (jax.vmap): model k as a run of seed + k would train;

@@ -31,6 +31,7 @@ from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import RunDirectory
+from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
                             without_timings)
 
@@ -299,6 +300,17 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
 
 
+def test_a_stray_numbered_folder_is_said_once_in_the_apps_own_words(small_copy, capsys, caplog):
+  (small_copy / '9').mkdir()  # Not a checkpoint: orbax warns of its missing step metadata.
+  with caplog.at_level(logging.WARNING):
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  assert not orbax_step_metadata_warnings(caplog.records, small_copy / '9')
+  warnings = [line for line in capsys.readouterr().err.splitlines() if line]
+  assert len(warnings) == 1 and warnings[0].startswith(
+      'warning: the checkpoint of epoch 9 is damaged: its metadata cannot be read'), warnings
+  assert (small_copy / f'{DAMAGED_PREFIX}9').is_dir()
+
+
 def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):
   for epoch in saved_epochs(small_copy):
     truncate(largest_file(small_copy / str(epoch) / 'state'))
@@ -311,7 +323,9 @@ def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy
 
 def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields(small_copy):
   before = snapshot(small_copy)
-  other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd')
+  # With data nowhere: refused before the data loads (data.dir is free to change on a resume).
+  other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd',
+                      data__dir='/nonexistent/mnist')
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(other, RunDirectory(small_copy))
   message = str(error.value)

@@ -1,6 +1,7 @@
 """train.py as users run it: a real-data run, and one clear line for each kind of mistake."""
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -12,11 +13,11 @@ import pytest
 from absl import flags
 
 import train
-from errors import UserError
+from errors import UserError, say
 from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
                             run_train)
 from trainer import config_rules
-from trainer import loop
+from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
@@ -50,8 +51,9 @@ BAD_INPUTS = {
     'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
     'no config flag': ([], 'no config given'),
     'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
-    'unknown splits after the config file': (['--config=configs/default.py:nope'],
-                                             "unknown splits 'nope'"),
+    'unknown splits after the config file': (
+        ['--config=configs/default.py:nope'], "error: unknown splits 'nope' after the config file "
+        'name; use test or validation, e.g. --config=configs/default.py:validation'),
     'zero batch size': ([CONFIG, *override_flags(batch_size=0)],
                         'batch_size must be a positive integer, got 0; pass --config.batch_size=N'),
     'no models': ([CONFIG, '--config.num_models=0'],
@@ -150,6 +152,20 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
       'pass --config=configs/default.py')
 
 
+@pytest.mark.parametrize('code, expected', [
+    ('def get_config():\n  pass\n',
+     'error: get_config() of the config file {file} returned None; return the '
+     'ml_collections.ConfigDict it builds'),
+    ('SEED = 1\n', 'error: the config file {file} has no get_config(); define one that returns an '
+     'ml_collections.ConfigDict, or pass --config=configs/default.py'),
+])
+def test_a_config_file_without_a_config_is_one_line_naming_what_it_lacks(code, expected, tmp_path):
+  config_file = tmp_path / 'lacking.py'
+  config_file.write_text(code)
+  assert_fails_cleanly([f'--config={config_file}'], expected.format(file=config_file),
+                       tmp_path / 'run')
+
+
 def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp_path, mnist_dir):
   """`python train.py ... | head -1`: the rest of the log goes nowhere; the run saves its work."""
   stderr_path = tmp_path / 'stderr.txt'
@@ -162,6 +178,47 @@ def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp
   assert stderr_path.read_text() == ''
   assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
   assert (tmp_path / '2').is_dir()  # The last epoch's checkpoint.
+
+
+def test_output_that_cannot_be_written_is_one_line_and_later_lines_go_nowhere(tmp_path):
+  """Output redirected to a full disk (`> train.log`): the user's one line, and no second error
+  when Python flushes the stream at exit."""
+  with open('/dev/full', 'w', encoding='utf-8') as full:
+    with pytest.raises(UserError, match=r'^cannot write the output \(No space left on device\); '
+                       'free space where it is redirected'):
+      say('a line', full)
+    say('the next line', full)  # Now to /dev/null: no error.
+    full.flush()
+  with open('/dev/full', 'w', encoding='utf-8') as full:
+    out = subprocess.run([sys.executable, 'train.py', CONFIG, '--print_config'], cwd=ROOT,
+                         stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+  assert out.returncode == 1
+  assert out.stderr.splitlines() == ['error: cannot write the output (No space left on device); '
+                                     'free space where it is redirected, then rerun the same command']
+
+
+@pytest.mark.parametrize('script', ['train.py', 'predict.py', 'export.py'])
+def test_a_ctrl_c_while_the_libraries_load_is_one_line(script, tmp_path):
+  """The first moment a Ctrl-C can meet: the first import of a library (absl, here one that sends
+  the program SIGINT as it loads)."""
+  (tmp_path / 'absl').mkdir()
+  (tmp_path / 'absl' / '__init__.py').write_text(
+      'import os, signal, time\nos.kill(os.getpid(), signal.SIGINT)\ntime.sleep(60)\n')
+  out = run_train(CONFIG, f'--workdir={tmp_path / "run"}', script=script, timeout=60,
+                  env={'PYTHONPATH': f'{tmp_path}{os.pathsep}{ROOT}'})
+  assert out.returncode == 130
+  lines = out.stderr.splitlines()
+  assert len(lines) == 1 and lines[0].startswith('error: stopped by Ctrl-C'), out.stderr
+  assert not (tmp_path / 'run').exists()
+
+
+def test_a_run_directory_that_is_a_file_is_one_line(tmp_path, mnist_dir):
+  (tmp_path / 'run').write_text('keep me')
+  for use in (loop.train_and_evaluate, evaluation.evaluate_checkpoint):  # Training, eval_only.
+    with pytest.raises(UserError, match=f'^the run directory {tmp_path / "run"} is a file; pass a '
+                       '--workdir that names a folder$'):
+      use(make_config(num_epochs=1), RunDirectory(tmp_path / 'run'))
+  assert (tmp_path / 'run').read_text() == 'keep me'
 
 
 def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides():

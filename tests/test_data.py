@@ -375,5 +375,5 @@ def test_validation_after_the_config_file_holds_out_the_last_10000_training_imag
   train, validation = (parse_split(s) for s in (config.data.train_split, config.data.eval_split))
   assert (train.name, train.start, train.stop) == ('train', 0, 50_000)
   assert (validation.name, validation.start, validation.stop) == ('train', 50_000, 60_000)
-  with pytest.raises(ValueError, match='use test or validation'):
+  with pytest.raises(UserError, match='use test or validation'):
     module.get_config('valid')

@@ -175,6 +175,8 @@ MISTAKES = {
     'no checkpoint': (lambda f, run: (f / 'empty').mkdir(), ['--workdir={f}/empty'], None,
                       'no checkpoint in'),
     'no run directory': (lambda f, run: None, ['--workdir={f}/missing'], None, 'no checkpoint in'),
+    'run is a file': (lambda f, run: (f / 'afile').write_text('x'), ['--workdir={f}/afile'], None,
+                      'is a file; pass a --workdir that names a folder'),
     'damaged run': (lambda f, run: flip_each_checkpoint(shutil.copytree(run, f / 'damaged')),
                     ['--workdir={f}/damaged'], None, 'can be restored'),
     'no tensorflow': (lambda f, run: None, ['--workdir={run}', '--formats=stablehlo,savedmodel'],

@@ -8,9 +8,11 @@ guess by the typo of tests/test_cli.py. The rest are provoked here.
 """
 
 import asyncio
+import logging
 import subprocess
 import sys
 
+import orbax.checkpoint as ocp
 import pytest
 
 import errors
@@ -23,6 +25,18 @@ def test_asyncio_words_a_closed_loop_as_recognized():
   with pytest.raises(RuntimeError) as closed:
     loop.call_soon(print)
   assert str(closed.value) == errors.ASYNCIO_LOOP_CLOSED
+
+
+def orbax_step_metadata_warnings(records: list[logging.LogRecord], folder) -> list[str]:
+  return [r.getMessage() for r in records
+          if errors.ORBAX_NO_STEP_METADATA in r.getMessage() and str(folder) in r.getMessage()]
+
+
+def test_orbax_warns_of_a_step_folder_without_its_metadata_as_recognized(tmp_path, caplog):
+  (tmp_path / '7').mkdir()  # A numbered folder that orbax did not write.
+  with caplog.at_level(logging.WARNING):
+    ocp.CheckpointManager(str(tmp_path), options=ocp.CheckpointManagerOptions(create=False)).close()
+  assert orbax_step_metadata_warnings(caplog.records, tmp_path / '7')
 
 
 # A program compiled with the cache in a folder below a file: JAX warns that it cannot read it.

@@ -164,6 +164,10 @@ BAD_INPUTS = {
                       '{f}/blank.jpg', 'no digit found'),
     'empty folder': (lambda f, run: (f / 'empty').mkdir(), '{f}/empty', 'holds no image files'),
     'no checkpoints': (lambda f, run: (f / 'run').mkdir(), '{png}', 'no checkpoint in'),
+    'run is a file': (lambda f, run: (f / 'run').write_text('x'), '{png}',
+                      'is a file; pass a --workdir that names a folder'),
+    'huge picture': (lambda f, run: Image.new('1', (12000, 12000)).save(f / 'huge.png'),
+                     '{f}/huge.png', 'is too large a picture to read (Image size (144000000 pixels)'),
     'damaged checkpoints only': (
         lambda f, run: flip_each_checkpoint(shutil.copytree(run(), f / 'run')), '{png}',
         'can be restored'),

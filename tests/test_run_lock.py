@@ -33,6 +33,16 @@ def test_a_second_holder_is_refused_with_the_first_ones_host_and_pid(tmp_path):
         f'host {socket.gethostname()}, pid {os.getpid()}\n')
 
 
+def test_a_lock_that_cannot_be_opened_is_one_line_and_is_left_in_place(tmp_path):
+  (tmp_path / LOCK_FILE).mkdir()  # A folder where the lock file goes.
+  with pytest.raises(UserError, match=re.escape(
+      f'cannot open the run lock {tmp_path / LOCK_FILE} (Is a directory); move it out of the run '
+      'directory, then rerun the same command')):
+    with RunLock(RunDirectory(tmp_path)):
+      pass
+  assert (tmp_path / LOCK_FILE).is_dir()
+
+
 def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
   votes = []
 

@@ -24,7 +24,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mlp import steps
-from errors import ASYNCIO_LOOP_CLOSED, ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS
+from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
+                    TENSORSTORE_DAMAGE_STATUS)
 from errors import UserError, causes, write_failed
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
@@ -205,9 +206,13 @@ class _OrbaxReports(logging.Filter):
     return any(self._folder in str(cause) for cause in causes(error))
 
   def filter(self, record: logging.LogRecord) -> bool:
-    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints."""
+    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints, and
+    for orbax's warning of a folder without its step metadata (a damaged checkpoint, said as one)."""
+    message = record.getMessage()
+    if ORBAX_NO_STEP_METADATA in message and self._folder in message:
+      return False
     return not (record.levelno >= logging.ERROR and (
-        self._folder in record.getMessage()
+        self._folder in message
         or self._names_folder(record.exc_info[1] if record.exc_info else None)))
 
   def _hook(self, unraisable: Any) -> None:
@@ -240,22 +245,42 @@ def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
                     'ones back from a backup, or move the numbered folders away to start over')
 
 
+def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] | str]]:
+  """Each checkpoint's flat config, newest first, as (epoch, config), or (epoch, why) where its
+  metadata cannot be read."""
+  for epoch in reversed(run_dir.checkpoint_epochs()):
+    try:
+      config = _read_meta(run_dir, epoch)['config']
+      if not isinstance(config, dict):
+        raise TypeError(f'the saved config is a {type(config).__name__}')
+    except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+      yield epoch, f'its metadata cannot be read ({_why(error)})'
+      continue
+    yield epoch, {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
+
+
 def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
   """The flat config saved with the newest checkpoint whose metadata reads: what the run trained.
 
   None when `run_dir` holds no checkpoint; UserError when none of them can be read.
   """
   damaged: list[tuple[int, str]] = []
-  for epoch in reversed(run_dir.checkpoint_epochs()):
-    try:
-      config = _read_meta(run_dir, epoch)['config']
-      if isinstance(config, dict):
-        return {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
-      raise TypeError(f'the saved config is a {type(config).__name__}')
-    except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-      damaged.append((epoch, f'its metadata cannot be read ({_why(error)})'))
+  for epoch, found in _saved_configs(run_dir):
+    if isinstance(found, dict):
+      return found
+    damaged.append((epoch, found))
   _none_restores(run_dir.name, damaged)
   return None
+
+
+def refuse_other_numbers(run_dir: RunDirectory, config: ml_collections.ConfigDict) -> None:
+  """A resume whose config trains other numbers than the newest readable checkpoint's is refused
+  before the data loads and anything compiles; damage is left to Checkpoints.restore."""
+  for epoch, found in _saved_configs(run_dir):
+    if isinstance(found, dict):
+      config_rules.check_resumable(found, config_rules.flat_config(config),
+                                   f'the checkpoint of epoch {epoch} in {run_dir.name}')
+      return
 
 
 class Checkpoints:
@@ -274,10 +299,14 @@ class Checkpoints:
     # The run's key (which a restore checks against the seed's), on the host: one copy of a
     # replicated one.
     self._run_key = np.asarray(jax.random.key_data(run_key).addressable_data(0))
-    self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
-                                          options=_options(config, read_only))
-    self._reports = _OrbaxReports(self.directory)  # Muting from here on.
+    self._reports = _OrbaxReports(self.directory)  # Muting from here on: the manager reads too.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
+    try:
+      self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
+                                            options=_options(config, read_only))
+    except BaseException:
+      self._reports.close(abandoned=False)
+      raise
 
   def kept_epochs(self) -> list[int]:
     """The epochs this run's manager keeps, oldest first: a save still being written counts (it
@@ -438,6 +467,8 @@ class Checkpoints:
     if processes.lost_a_peer(exc_info[0] if exc_info else None):
       self._failed = True  # Orbax's abandoned save may still report: muted to the end.
       return
+    if exc_type is not None and not issubclass(exc_type, Exception):
+      self._failed = True  # A Ctrl-C abandons orbax's reads and writes too: they may still report.
     try:
       self.close()
     except UserError:

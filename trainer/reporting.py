@@ -3,7 +3,6 @@
 import contextlib
 import io
 import json
-import os
 import socket
 import sys
 import time
@@ -19,7 +18,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from errors import write_failed
+from errors import say, write_failed
 from trainer.run_dir import RunDirectory
 
 METRICS_FILE = 'metrics.jsonl'
@@ -109,17 +108,6 @@ def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> Non
   """The whole file anew: an object store cannot append, and a reader never sees half a line."""
   with _refusal_said(run_dir.file(name)):
     run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
-
-
-def say(line: str, stream: TextIO) -> None:
-  """Prints a line; a reader that has gone (`python train.py | head -1`) never stops the run."""
-  try:
-    print(line, file=stream, flush=True)
-  except BrokenPipeError:
-    # Later lines, and the flush at exit, go nowhere instead of raising.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, stream.fileno())
-    os.close(devnull)
 
 
 def warn(message: str, enabled: bool = True) -> None:

@@ -20,7 +20,7 @@ from errors import ConfigError
 from mlp import augment, batches, epoch, optim, steps
 from mlp.model import MLP
 from trainer import processes
-from trainer.checkpoints import Checkpoints
+from trainer.checkpoints import Checkpoints, refuse_other_numbers
 from trainer.reporting import Reporter
 from trainer.run_dir import STALE_AFTER_S, RunDirectory, RunLock
 
@@ -271,6 +271,8 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
              lock_stale_after: float = STALE_AFTER_S, evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
   where = mode_and_mesh(config)  # Checks the devices against the config before any work.
+  if not evaluate_only:
+    refuse_other_numbers(run_dir, config)
   splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
                                                            config.data.eval_split]
   *train, examples = load_splits(config.data, *splits)

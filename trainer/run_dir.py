@@ -75,6 +75,7 @@ class RunDirectory:
     """A local directory is made and checked writable; a bucket's prefix needs no making."""
     if self.remote:
       return
+    self.check_not_a_file()
     try:
       os.makedirs(self.name, exist_ok=True)
     except OSError as error:
@@ -83,6 +84,12 @@ class RunDirectory:
     if not os.access(self.name, os.W_OK | os.X_OK):
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
                       'be written to')
+
+  def check_not_a_file(self) -> None:
+    """A --workdir naming a file is the user's one line, not an error of each thing it is used for."""
+    if not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
+      raise UserError(f'the run directory {self.name} is a file; pass a --workdir that names a '
+                      'folder')
 
   def exists(self) -> bool:
     return self.path().is_dir()
@@ -126,6 +133,8 @@ class RunDirectory:
     peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
     without its commit marker."""
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; only when listing
+    if not self.exists():  # Not there, or a file: no checkpoint to list (orbax would raise).
+      return []
     return sorted(ocp.path.step.checkpoint_steps(self.path()))
 
 
@@ -183,7 +192,11 @@ class _Flock:
     self._path = workdir.file(LOCK_FILE)
 
   def take(self) -> UserError | None:
-    lock: TextIO = open(self._path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+    try:
+      lock: TextIO = open(self._path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+    except OSError as error:  # A folder of that name, no permission: not a lock this run can hold.
+      return UserError(f'cannot open the run lock {self._path} ({error.strerror}); move it out of '
+                       'the run directory, then rerun the same command')
     try:
       fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
