@@ -271,7 +271,9 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
              lock_stale_after: float = STALE_AFTER_S, evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
   where = mode_and_mesh(config)  # Checks the devices against the config before any work.
-  if not evaluate_only:
+  # On a bucket the first touch stays the lock's: its client words a refusal (no credentials, no
+  # permission) in one line, where a listing through gcsfs would log its retries first.
+  if not (evaluate_only or run_dir.remote):
     refuse_other_numbers(run_dir, config)
   splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
                                                            config.data.eval_split]
