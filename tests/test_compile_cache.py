@@ -26,6 +26,25 @@ def test_the_flag_wins_then_jax_variable_then_the_users_cache_folder(tmp_path):
   assert compile_cache.choose_folder('off', jax_variable) is None
 
 
+@pytest.mark.parametrize('where, reason', [('a_file', 'it is a file'),
+                                           ('a_file/cache', 'Not a directory')])
+def test_a_file_in_the_cache_folders_place_is_one_warning_naming_it(where, reason, tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'a_file').write_text('')
+  said = []
+  kept = {name: getattr(jax.config, name)
+          for name in ('jax_enable_compilation_cache', 'jax_compilation_cache_dir')}
+  try:
+    assert compile_cache.enable(str(tmp_path / where), said.append) is None
+    assert jax.config.jax_enable_compilation_cache is False
+  finally:  # The suite's own cache, for the tests after this one.
+    for name, value in kept.items():
+      jax.config.update(name, value)
+  assert said == [f'the compilation cache {tmp_path / where} cannot be used ({reason}); this run '
+                  'compiles every program itself (pass --compilation_cache=FOLDER, or '
+                  '--compilation_cache=off)']
+
+
 def test_jax_cache_failures_are_one_warning_and_other_warnings_pass(recwarn):
   said = []
   with compile_cache.one_warning(said.append):

@@ -43,6 +43,8 @@ def _unwritable(folder: str) -> str | None:
     os.makedirs(folder, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=folder, prefix='.probe-'):
       pass
+  except FileExistsError:  # makedirs' own reason, 'File exists', would not say which kind.
+    return 'it is a file'
   except OSError as error:
     return error.strerror or str(error)
   return None
