@@ -4,12 +4,13 @@ VENV ?= .venv
 VENV_PYTHON := $(VENV)/bin/python
 CONFIG ?= configs/default.py
 ARGS ?=
-# The interpreter that creates the environment: python3 when it is 3.11 or newer, else the newest
-# python3.N that runs; `make PYTHON=/path/to/python3.12` chooses another.
-SUPPORTED := import sys; sys.exit(sys.hexversion < 0x30B0000)
+# The interpreter that creates the environment: python3 when it is 3.11 to 3.14, else the newest
+# python3.N that runs; `make PYTHON=/path/to/python3.12` chooses another. Python 3.15 has no wheels
+# of tensorstore (orbax-checkpoint's) or of the pinned scipy yet: pip would try to compile them.
+SUPPORTED := import sys; sys.exit(not 0x30B0000 <= sys.hexversion < 0x30F0000)
 PYTHON ?= $(shell for p in python3 python3.14 python3.13 python3.12 python3.11; do \
   $$p -c '$(SUPPORTED)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
-NO_PYTHON = error: this project needs Python 3.11 or newer, and $(or $(PYTHON),python3) is \
+NO_PYTHON = error: this project needs Python 3.11 to 3.14, and $(or $(PYTHON),python3) is \
   $(or $(shell $(or $(PYTHON),python3) --version 2>/dev/null),not found). Get one: python3 -m pip \
   install --user uv && ~/.local/bin/uv python install 3.12 (Linux, a TPU VM's Ubuntu 22.04 too); \
   brew install python@3.13 (macOS). Then rerun make, or name it: make PYTHON=~/.local/bin/python3.12

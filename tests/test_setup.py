@@ -14,10 +14,14 @@ MAKE = shutil.which('make')
 needs_make = pytest.mark.skipif(MAKE is None, reason='no make on this machine')
 
 
-def fake_python(folder: pathlib.Path, name: str, version: str) -> None:
-  """An interpreter that says it is `version`, and fails the project's check of its version."""
+def fake_python(folder: pathlib.Path, name: str, version: str, runs: bool = True) -> None:
+  """An interpreter that says it is `version` and runs the project's check of its version as that
+  version would; one that does not `runs` fails every command (a stale pyenv shim)."""
+  major, minor, micro = (int(part) for part in version.split('.'))
+  as_version = f'import sys; sys.hexversion = {major << 24 | minor << 16 | micro << 8 | 0xF0}'
+  check = f'-c) exec {sys.executable} -c "{as_version}; exec(sys.argv[1])" "$2";;' if runs else ''
   script = folder / name
-  script.write_text(f'#!/bin/sh\ncase "$*" in *--version*) echo "Python {version}";; '
+  script.write_text(f'#!/bin/sh\ncase "$1" in --version) echo "Python {version}";; {check} '
                     '*) exit 1;; esac\n')
   script.chmod(0o755)
 
@@ -31,23 +35,31 @@ def make(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @needs_make
-def test_without_a_python_of_3_11_or_newer_make_stops_in_one_line_creating_nothing(tmp_path):
-  fake_python(tmp_path, 'python3', '3.10.13')  # Ubuntu 22.04's, as on a TPU VM.
+@pytest.mark.parametrize('version', ['3.10.13',  # Ubuntu 22.04's, as on a TPU VM.
+                                     '3.15.0'])  # Newer than every wheel of the stack.
+def test_without_a_python_of_3_11_to_3_14_make_stops_in_one_line_creating_nothing(version, tmp_path):
+  fake_python(tmp_path, 'python3', version)
   out = make(tmp_path, 'train')
   assert out.returncode != 0 and not (tmp_path / 'venv').exists()
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1, out.stderr
-  assert 'needs Python 3.11 or newer, and python3 is Python 3.10.13' in lines[0]
+  assert f'needs Python 3.11 to 3.14, and python3 is Python {version}' in lines[0]
   assert 'uv python install 3.12' in lines[0] and 'make PYTHON=' in lines[0]
 
 
 @needs_make
-def test_make_takes_python3_when_new_enough_else_the_newest_python3_n_that_runs(tmp_path):
+def test_make_takes_python3_when_supported_else_the_newest_python3_n_that_runs(tmp_path):
   fake_python(tmp_path, 'python3', '3.10.13')
-  fake_python(tmp_path, 'python3.13', '3.13.0')  # On the PATH, but does not run (a stale shim).
-  os.symlink(sys.executable, tmp_path / 'python3.12')
+  fake_python(tmp_path, 'python3.14', '3.14.0', runs=False)  # On the PATH, but a stale shim.
+  fake_python(tmp_path, 'python3.13', '3.13.2')
+  fake_python(tmp_path, 'python3.12', '3.12.1')
+  assert f'{tmp_path}/python3.13 -m venv' in make(tmp_path, '-n', 'train').stdout
+  fake_python(tmp_path, 'python3', '3.15.0')  # The newest Python: the stack has no wheels for it.
+  assert f'{tmp_path}/python3.13 -m venv' in make(tmp_path, '-n', 'train').stdout
+  os.remove(tmp_path / 'python3.13')
   assert f'{tmp_path}/python3.12 -m venv' in make(tmp_path, '-n', 'train').stdout
-  os.replace(tmp_path / 'python3.12', tmp_path / 'python3')
+  os.remove(tmp_path / 'python3')
+  os.symlink(sys.executable, tmp_path / 'python3')
   assert f'{tmp_path}/python3 -m venv' in make(tmp_path, '-n', 'train').stdout
 
 
