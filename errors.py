@@ -15,9 +15,12 @@ from typing import Any, TextIO
 TENSORSTORE_OS_REASON = re.compile(r':\s*([^:\[\]]+?)\s*\[os_error_code')
 TENSORSTORE_SPACE_STATUS = 'RESOURCE_EXHAUSTED'
 # Tensorstore's statuses for bytes that are missing, cut short or wrong, in plain ValueErrors that
-# orbax passes on or quotes: 'NOT_FOUND: Error reading ...', 'Truncated Zstd-compressed stream'.
+# orbax passes on or quotes: 'NOT_FOUND: Error reading ...', 'Truncated Zstd-compressed stream', and
+# a chunk that no longer decodes: 'FAILED_PRECONDITION: ... ZSTD_decompressStream() failed: Data
+# corruption detected' (or 'Unknown frame descriptor').
 TENSORSTORE_DAMAGE_STATUS = re.compile(
-    r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream', re.M)
+    r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream|ZSTD_decompressStream\(\) failed',
+    re.M)
 # Orbax's ValueErrors for a saved tree that differs from the one asked for: 'User-provided restore
 # item and on-disk value metadata tree structures do not match', 'Requested shape: (256,) is not
 # compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.

@@ -180,10 +180,23 @@ def truncate(path):
   path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
 
 
-def flip_byte(path):
+def flip_first_byte(path):
   data = bytearray(path.read_bytes())
-  data[len(data) // 2] ^= 0x01
+  data[0] ^= 0x01
   path.write_bytes(bytes(data))
+
+
+def flip_a_stored_bit(state):
+  """Flips the lowest bit of one weight, written through tensorstore: the chunk still decodes, to
+  another number. (A bit flipped in the files themselves lands in zstd-compressed chunks, laid out
+  anew by each write: where it decodes to other numbers, and where it breaks the decoding, differs
+  from one write, and one CPU's float bits, to the next.)"""
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top; orbax's storage
+  kernel = ts.open({'driver': 'zarr', 'path': 'params.hidden.0.kernel.value',
+                    'kvstore': {'driver': 'ocdbt', 'base': f'file://{state}/'}}).result()
+  value = kernel[0, 0].read().result()
+  kernel[0, 0].write((np.float32(value).view(np.uint32) ^ np.uint32(1)).view(np.float32)).result()
+  assert kernel[0, 0].read().result() != value
 
 
 def largest_file(folder):
@@ -208,8 +221,11 @@ def assert_tensorboard_matches_metrics(workdir):
 DAMAGE = [
     pytest.param(lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read', True,
                  id='truncated data file', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: flip_byte(largest_file(ckpt / 'state')), 'fingerprint', False,
-                 id='one flipped byte'),
+    pytest.param(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint', False,
+                 id='one flipped bit of a weight'),
+    # The file's first bytes open a zstd frame: a chunk that no longer decodes.
+    pytest.param(lambda ckpt: flip_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
+                 False, id='a chunk that no longer decodes'),
     pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
                  id='deleted metadata', marks=pytest.mark.slow),
 ]
