@@ -254,12 +254,16 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
 
 
 def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
-  """Orbax's reads of epoch `epoch`'s state raise `error`, as a storage fault would."""
+  """Orbax's reads of epoch `epoch`'s state raise `error`, as a storage fault would: inside the
+  Exception orbax wraps every failed read of an array in, which names no cause of its own."""
   read = checkpoint.ocp.CheckpointManager.restore
+  wrapper = ('Encountered error while reading array index: (slice(0, 784, 1), slice(0, 512, 1)). See '
+             'full TensorStore details: <bound method pybind11_detail_function_record_v1_system_'
+             "libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1.spec of TensorStore({'driver': 'zarr'})>.")
 
   def restore(manager, step, *args, **kwargs):
     if step == epoch and checkpoint.STATE in kwargs['args'].keys():
-      raise error
+      raise Exception(wrapper) from error  # pylint: disable=broad-exception-raised
     return read(manager, step, *args, **kwargs)
 
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'restore', restore)

@@ -430,8 +430,10 @@ class Checkpoints:
         raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose '
                         f'structure does not fit this code ({_why(error)}); {OTHER_CODE}'
                         ) from error
+      # The innermost cause: orbax wraps a failed read in an Exception that names none.
+      cause = list(causes(error))[-1]
       raise UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
-                      f'({_why(error)}); every checkpoint was left in place: rerun the same '
+                      f'({_why(cause)}); every checkpoint was left in place: rerun the same '
                       'command once the storage reads again') from error
 
   def set_aside(self, epochs: list[int]) -> list[str]:
