@@ -146,7 +146,8 @@ def test_the_confusion_matrix_counts_each_example_once_by_true_and_predicted_dig
 
 
 def flip_each_checkpoint(folder) -> None:
-  """One flipped byte in every checkpoint's largest state file: each fails its fingerprint."""
+  """One flipped byte in every checkpoint's largest state file: each then fails its fingerprint, or
+  (where the byte breaks a compressed chunk) no longer decodes; damage either way."""
   for state in folder.glob('[0-9]*/state'):
     largest = max((p for p in state.rglob('*') if p.is_file()), key=lambda p: p.stat().st_size)
     data = bytearray(largest.read_bytes())
