@@ -186,6 +186,20 @@ def flip_first_byte(path):
   path.write_bytes(bytes(data))
 
 
+def replace_first_byte(path, byte):
+  path.write_bytes(bytes([byte]) + path.read_bytes()[1:])
+
+
+def folder_in_place_of(path):
+  path.unlink()
+  path.mkdir()
+
+
+def file_in_place_of(path):
+  shutil.rmtree(path)
+  path.write_text('')
+
+
 def flip_a_stored_bit(state):
   """Flips the lowest bit of one weight, written through tensorstore: the chunk still decodes, to
   another number. (A bit flipped in the files themselves lands in zstd-compressed chunks, laid out
@@ -228,6 +242,12 @@ DAMAGE = [
                  False, id='a chunk that no longer decodes'),
     pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
                  id='deleted metadata', marks=pytest.mark.slow),
+    pytest.param(lambda ckpt: replace_first_byte(ckpt / 'state' / '_METADATA', 0x84),
+                 'UnicodeDecodeError', False, id='metadata that is not text'),
+    pytest.param(lambda ckpt: folder_in_place_of(ckpt / 'meta' / 'metadata'), 'IsADirectoryError',
+                 False, id='a folder in place of a file', marks=pytest.mark.slow),
+    pytest.param(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError', False,
+                 id='a file in place of a folder', marks=pytest.mark.slow),
 ]
 
 

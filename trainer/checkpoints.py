@@ -177,11 +177,13 @@ class _Damaged(Exception):
 def named_damage(error: BaseException) -> str | None:
   """What is wrong with a checkpoint's files, when `error` says so; None for any other failure.
 
-  A missing file, metadata that is not JSON, or tensorstore's not-found, data-loss and
-  out-of-range (a file cut short) statuses. An I/O error, memory, anything else: None.
+  A missing file, a folder where a file belongs or the reverse, metadata that is not JSON (or not
+  text), or tensorstore's not-found, data-loss and out-of-range (a file cut short) statuses and
+  chunks that no longer decode. An I/O error, memory, anything else: None.
   """
   for cause in causes(error):
-    if (isinstance(cause, (FileNotFoundError, json.JSONDecodeError))
+    if (isinstance(cause, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                           json.JSONDecodeError, UnicodeDecodeError))
         or TENSORSTORE_DAMAGE_STATUS.search(str(cause))):
       return _why(cause)
   return None
