@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import BinaryIO
 
@@ -25,7 +26,7 @@ from trainer import checkpoints as checkpoint
 from trainer import config_rules
 from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
-from trainer.run import mode_and_mesh, state_template
+from trainer.run import keys_of, mode_and_mesh, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
@@ -167,6 +168,21 @@ def test_more_epochs_on_a_finished_cosine_run_say_how_far_the_learning_rate_jump
   assert records[2]['learning_rate'] == straight[2]['learning_rate']
 
 
+def test_checkpoints_closed_before_any_save_wait_for_orbaxs_cleanup_of_half_written_ones(
+    small_copy, monkeypatch):
+  """Orbax looks for half-written saves in a thread that only a save waits for. A run that stops
+  before its first save (every checkpoint damaged, say) waits for it on closing: else the exit cuts
+  it short, and orbax logs its traceback ('cannot schedule new futures after shutdown')."""
+  islink = os.path.islink
+  monkeypatch.setattr(os.path, 'islink', lambda path: time.sleep(0.2) or islink(path))
+  config, before = make_config(**SMALL), set(threading.enumerate())
+  saved = Checkpoints(RunDirectory(small_copy), config, keys_of(config)[1])
+  started = [t for t in threading.enumerate() if t not in before and not t.daemon]
+  assert any(t.is_alive() for t in started)  # Orbax's look, still under way.
+  saved.close()
+  assert not any(t.is_alive() for t in started)
+
+
 def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):
   (small_copy / METRICS_FILE).unlink()
   record = loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
@@ -184,6 +200,20 @@ def flip_first_byte(path):
   data = bytearray(path.read_bytes())
   data[0] ^= 0x01
   path.write_bytes(bytes(data))
+
+
+def replace_first_byte(path, byte):
+  path.write_bytes(bytes([byte]) + path.read_bytes()[1:])
+
+
+def folder_in_place_of(path):
+  path.unlink()
+  path.mkdir()
+
+
+def file_in_place_of(path):
+  shutil.rmtree(path)
+  path.write_text('')
 
 
 def flip_a_stored_bit(state):
@@ -228,6 +258,12 @@ DAMAGE = [
                  False, id='a chunk that no longer decodes'),
     pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
                  id='deleted metadata', marks=pytest.mark.slow),
+    pytest.param(lambda ckpt: replace_first_byte(ckpt / 'state' / '_METADATA', 0x84),
+                 'UnicodeDecodeError', False, id='metadata that is not text'),
+    pytest.param(lambda ckpt: folder_in_place_of(ckpt / 'meta' / 'metadata'), 'IsADirectoryError',
+                 False, id='a folder in place of a file', marks=pytest.mark.slow),
+    pytest.param(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError', False,
+                 id='a file in place of a folder', marks=pytest.mark.slow),
 ]
 
 

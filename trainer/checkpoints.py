@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -177,11 +178,13 @@ class _Damaged(Exception):
 def named_damage(error: BaseException) -> str | None:
   """What is wrong with a checkpoint's files, when `error` says so; None for any other failure.
 
-  A missing file, metadata that is not JSON, or tensorstore's not-found, data-loss and
-  out-of-range (a file cut short) statuses. An I/O error, memory, anything else: None.
+  A missing file, a folder where a file belongs or the reverse, metadata that is not JSON (or not
+  text), or tensorstore's not-found, data-loss and out-of-range (a file cut short) statuses and
+  chunks that no longer decode. An I/O error, memory, anything else: None.
   """
   for cause in causes(error):
-    if (isinstance(cause, (FileNotFoundError, json.JSONDecodeError))
+    if (isinstance(cause, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
+                           json.JSONDecodeError, UnicodeDecodeError))
         or TENSORSTORE_DAMAGE_STATUS.search(str(cause))):
       return _why(cause)
   return None
@@ -301,12 +304,16 @@ class Checkpoints:
     self._run_key = np.asarray(jax.random.key_data(run_key).addressable_data(0))
     self._reports = _OrbaxReports(self.directory)  # Muting from here on: the manager reads too.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
+    threads = set(threading.enumerate())
     try:
       self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
                                             options=_options(config, read_only))
     except BaseException:
       self._reports.close(abandoned=False)
       raise
+    # Its clean-up of half-written saves runs in a thread that only a save waits for: a run that
+    # stops before saving waits in close(), or the exit cuts it short with orbax's traceback.
+    self._cleanup = [t for t in threading.enumerate() if t not in threads and not t.daemon]
 
   def kept_epochs(self) -> list[int]:
     """The epochs this run's manager keeps, oldest first: a save still being written counts (it
@@ -485,5 +492,7 @@ class Checkpoints:
       try:
         with self._save_failures_said():
           self._manager.close()
+        for thread in self._cleanup:
+          thread.join()
       finally:
         self._reports.close(abandoned=self._failed)
