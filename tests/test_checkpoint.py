@@ -264,6 +264,9 @@ DAMAGE = [
                  False, id='a folder in place of a file', marks=pytest.mark.slow),
     pytest.param(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError', False,
                  id='a file in place of a folder', marks=pytest.mark.slow),
+    pytest.param(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
+                 'holds no fingerprint, or no config', False, id='metadata of another shape',
+                 marks=pytest.mark.slow),
 ]
 
 

@@ -175,16 +175,21 @@ class _Damaged(Exception):
   """Damage to a checkpoint that can be named (the message says what): it is set aside."""
 
 
+class MalformedMetadata(ValueError):
+  """A checkpoint's metadata that parses, but holds no fingerprint or no config of fields."""
+
+
 def named_damage(error: BaseException) -> str | None:
   """What is wrong with a checkpoint's files, when `error` says so; None for any other failure.
 
   A missing file, a folder where a file belongs or the reverse, metadata that is not JSON (or not
-  text), or tensorstore's not-found, data-loss and out-of-range (a file cut short) statuses and
-  chunks that no longer decode. An I/O error, memory, anything else: None.
+  text, or lacks the fingerprint or config), or tensorstore's not-found, data-loss and out-of-range
+  (a file cut short) statuses and chunks that no longer decode. An I/O error, memory, anything
+  else: None.
   """
   for cause in causes(error):
     if (isinstance(cause, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
-                           json.JSONDecodeError, UnicodeDecodeError))
+                           json.JSONDecodeError, UnicodeDecodeError, MalformedMetadata))
         or TENSORSTORE_DAMAGE_STATUS.search(str(cause))):
       return _why(cause)
   return None
@@ -235,9 +240,13 @@ class _OrbaxReports(logging.Filter):
       logging.getLogger(name).removeFilter(self)
 
 
-def _read_meta(run_dir: RunDirectory, epoch: int) -> Any:
+def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
   """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on)."""
-  return json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
+  meta = json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
+  if not (isinstance(meta, dict) and isinstance(meta.get('fingerprint'), str)
+          and isinstance(meta.get('config'), dict) and meta['config']):
+    raise MalformedMetadata('it holds no fingerprint, or no config of fields')
+  return meta
 
 
 def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
@@ -254,8 +263,6 @@ def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] 
   for epoch in reversed(run_dir.checkpoint_epochs()):
     try:
       config = _read_meta(run_dir, epoch)['config']
-      if not isinstance(config, dict):
-        raise TypeError(f'the saved config is a {type(config).__name__}')
     except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
       yield epoch, f'its metadata cannot be read ({_why(error)})'
       continue
@@ -400,8 +407,6 @@ class Checkpoints:
   def _restore_verified(self, epoch: int, target: dict[str, Any]) -> tuple[dict[str, Any], Any]:
     """Epoch `epoch`'s metadata and saved tree, checked against its config, fingerprint and seed."""
     meta = self._read(epoch, 'metadata', lambda: _read_meta(self._run_dir, epoch))
-    if not (isinstance(meta, dict) and {'fingerprint', 'config'} <= meta.keys()):
-      raise _Damaged('its metadata lacks the fingerprint or the config')
     if meta.get('model') != MODEL_API:  # Only checkpoints of the Linen model lack it.
       raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds the parameters '
                       'of the Flax Linen model this app had until 2026-11, which its Flax NNX '
