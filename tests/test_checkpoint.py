@@ -314,6 +314,9 @@ TRANSIENT = {
     'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading "params.hidden.0.kernel.value/0.0" in '
                                   'OCDBT database'), 'ValueError: DEADLINE_EXCEEDED'),
     'out of memory': (MemoryError(), 'MemoryError'),
+    'no permission': (ValueError('PERMISSION_DENIED: Error reading "params.hidden.0.kernel.value/0.0" '
+                                 'in OCDBT database at local file "/r/3/state/": Failed to open'),
+                      'ValueError: PERMISSION_DENIED'),
 }
 
 
@@ -328,6 +331,8 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   message = str(stopped.value)
   assert message.startswith(f'cannot read the checkpoint of epoch 3 in {small_copy} ({reason}')
   assert 'every checkpoint was left in place' in message and '\n' not in message
+  assert message.endswith('let this user read its files, then rerun the same command'
+                          if 'PERMISSION' in reason else 'once the storage reads again')
   assert snapshot(small_copy) == before and saved_epochs(small_copy) == [1, 2, 3]
   monkeypatch.undo()  # The storage reads again: the newest checkpoint is still the one resumed.
   assert restore(small_copy, make_config(**SMALL)).epoch == 3

@@ -444,9 +444,11 @@ class Checkpoints:
                         ) from error
       # The innermost cause: orbax wraps a failed read in an Exception that names none.
       cause = list(causes(error))[-1]
+      fix = ('let this user read its files, then rerun the same command'
+             if isinstance(cause, PermissionError) or 'PERMISSION_DENIED' in str(cause)
+             else 'rerun the same command once the storage reads again')
       raise UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
-                      f'({_why(cause)}); every checkpoint was left in place: rerun the same '
-                      'command once the storage reads again') from error
+                      f'({_why(cause)}); every checkpoint was left in place: {fix}') from error
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.
