@@ -14,6 +14,7 @@ from typing import Any, TextIO
 # EDQUOT.
 TENSORSTORE_OS_REASON = re.compile(r':\s*([^:\[\]]+?)\s*\[os_error_code')
 TENSORSTORE_SPACE_STATUS = 'RESOURCE_EXHAUSTED'
+TENSORSTORE_DENIED_STATUS = 'PERMISSION_DENIED'  # A file this user may not read.
 # Tensorstore's statuses for bytes that are missing, cut short or wrong, in plain ValueErrors that
 # orbax passes on or quotes: 'NOT_FOUND: Error reading ...', 'Truncated Zstd-compressed stream', and
 # a chunk that no longer decodes: 'FAILED_PRECONDITION: ... ZSTD_decompressStream() failed: Data

@@ -26,7 +26,7 @@ from etils import epath
 
 from mlp import steps
 from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
-                    TENSORSTORE_DAMAGE_STATUS)
+                    TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
 from errors import UserError, causes, write_failed
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
@@ -445,7 +445,7 @@ class Checkpoints:
       # The innermost cause: orbax wraps a failed read in an Exception that names none.
       cause = list(causes(error))[-1]
       fix = ('let this user read its files, then rerun the same command'
-             if isinstance(cause, PermissionError) or 'PERMISSION_DENIED' in str(cause)
+             if isinstance(cause, PermissionError) or TENSORSTORE_DENIED_STATUS in str(cause)
              else 'rerun the same command once the storage reads again')
       raise UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
                       f'({_why(cause)}); every checkpoint was left in place: {fix}') from error
