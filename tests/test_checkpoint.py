@@ -216,6 +216,11 @@ def file_in_place_of(path):
   path.write_text('')
 
 
+def link_to_nothing_in_place_of(path):
+  shutil.rmtree(path)
+  path.symlink_to(path.parent / 'nowhere')
+
+
 def flip_a_stored_bit(state):
   """Flips the lowest bit of one weight, written through tensorstore: the chunk still decodes, to
   another number. (A bit flipped in the files themselves lands in zstd-compressed chunks, laid out
@@ -267,6 +272,11 @@ DAMAGE = [
     pytest.param(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
                  'holds no fingerprint, or no config', False, id='metadata of another shape',
                  marks=pytest.mark.slow),
+    # Not a checkpoint, yet where orbax writes the epoch's: it used to delete the file to save there.
+    pytest.param(file_in_place_of, 'it is a file, not a folder', False,
+                 id='a file in place of the checkpoint'),
+    pytest.param(link_to_nothing_in_place_of, 'it is a link to nothing', False,
+                 id='a link to nothing in place of the checkpoint', marks=pytest.mark.slow),
 ]
 
 
@@ -289,7 +299,7 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
   assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
   assert_same_params(small_copy, small_run, make_config(**SMALL))
   assert_tensorboard_matches_metrics(small_copy)  # Epoch 3 was recorded twice, and shows once.
-  assert (small_copy / f'{DAMAGED_PREFIX}3').is_dir()  # Kept for inspection, not deleted.
+  assert os.path.lexists(small_copy / f'{DAMAGED_PREFIX}3')  # Kept for inspection, not deleted.
 
 
 def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
@@ -364,15 +374,31 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
 
 
-def test_a_stray_numbered_folder_is_said_once_in_the_apps_own_words(small_copy, capsys, caplog):
-  (small_copy / '9').mkdir()  # Not a checkpoint: orbax warns of its missing step metadata.
+@pytest.mark.parametrize('make_stray, why', [
+    (lambda path: path.mkdir(), 'its metadata cannot be read'),  # Orbax warns of its step metadata.
+    (lambda path: path.write_text('notes'), 'it is a file, not a folder'),
+    (lambda path: path.symlink_to(path.parent / 'nowhere'), 'it is a link to nothing'),
+], ids=['folder', 'file', 'link to nothing'])
+def test_a_stray_numbered_entry_is_said_once_in_the_apps_own_words_and_kept(
+    make_stray, why, small_copy, capsys, caplog):
+  make_stray(small_copy / '9')
   with caplog.at_level(logging.WARNING):
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   assert not orbax_step_metadata_warnings(caplog.records, small_copy / '9')
   warnings = [line for line in capsys.readouterr().err.splitlines() if line]
-  assert len(warnings) == 1 and warnings[0].startswith(
-      'warning: the checkpoint of epoch 9 is damaged: its metadata cannot be read'), warnings
-  assert (small_copy / f'{DAMAGED_PREFIX}9').is_dir()
+  assert len(warnings) == 1, warnings
+  assert warnings[0].startswith(f'warning: the checkpoint of epoch 9 is damaged: {why}')
+  assert warnings[0].endswith(f'moved it to {small_copy / DAMAGED_PREFIX}9 and fell back to epoch 3')
+  assert not os.path.lexists(small_copy / '9') and os.path.lexists(small_copy / f'{DAMAGED_PREFIX}9')
+
+
+def test_a_stray_numbered_file_alone_is_refused_and_kept(tmp_path):
+  (tmp_path / '2').write_text('notes')
+  with pytest.raises(UserError, match=r'no checkpoint in .* can be restored \(epoch 2: it is a '
+                     r'file, not a folder\)'):
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['2', 'run.lock']  # Nothing moved, nothing made.
+  assert (tmp_path / '2').read_text() == 'notes'
 
 
 def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):

@@ -387,8 +387,11 @@ class Checkpoints:
     rng = jax.ShapeDtypeStruct(self._run_key.shape, self._run_key.dtype, sharding=step.sharding)
     target = saved_tree(template, rng)
     damaged: list[tuple[int, str]] = []
-    for epoch in reversed(self.kept_epochs()):
+    stray = dict(self._run_dir.stray_epochs())  # Damage too: orbax would delete one, to save there.
+    for epoch in sorted({*self.kept_epochs(), *stray}, reverse=True):
       try:
+        if epoch in stray:
+          raise _Damaged(stray[epoch])
         meta, tree = self._restore_verified(epoch, target)
       except _Damaged as damage:
         damaged.append((epoch, str(damage)))
@@ -458,7 +461,7 @@ class Checkpoints:
     moved = []
     for epoch in epochs:
       name, suffix = f'{DAMAGED_PREFIX}{epoch}', 1
-      while self._run_dir.path(name).exists():
+      while self._run_dir.path(name).exists() or os.path.islink(self._run_dir.file(name)):
         suffix += 1
         name = f'{DAMAGED_PREFIX}{epoch}.{suffix}'
       if self._primary:

@@ -137,6 +137,15 @@ class RunDirectory:
       return []
     return sorted(ocp.path.step.checkpoint_steps(self.path()))
 
+  def stray_epochs(self) -> list[tuple[int, str]]:
+    """(epoch, what it is) of each entry named as an epoch's checkpoint but no folder: a file, or a
+    link to nothing. Orbax passes over them, then deletes one to save its epoch there."""
+    if not self.exists():
+      return []
+    return sorted((int(entry.name), 'it is a file, not a folder' if entry.exists() else
+                   'it is a link to nothing') for entry in self.path().iterdir()
+                  if re.fullmatch(r'0|[1-9][0-9]*', entry.name) and not entry.is_dir())
+
 
 LOCK_FILE = 'run.lock'
 STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.
