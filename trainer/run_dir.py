@@ -138,9 +138,10 @@ class RunDirectory:
     return sorted(ocp.path.step.checkpoint_steps(self.path()))
 
   def stray_epochs(self) -> list[tuple[int, str]]:
-    """(epoch, what it is) of each entry named as an epoch's checkpoint but no folder: a file, or a
-    link to nothing. Orbax passes over them, then deletes one to save its epoch there."""
-    if not self.exists():
+    """(epoch, what it is) of each entry on a disk named as an epoch's checkpoint but no folder: a
+    file, or a link to nothing. Orbax passes over them, then deletes one to save its epoch there.
+    (A bucket has no folders: a save cut short there may list so, and is orbax's to redo.)"""
+    if self.remote or not self.exists():
       return []
     return sorted((int(entry.name), 'it is a file, not a folder' if entry.exists() else
                    'it is a link to nothing') for entry in self.path().iterdir()
