@@ -736,7 +736,7 @@ def test_a_disk_full_before_any_checkpoint_promises_none_and_leaves_no_partial_s
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() in ([
       f'error: cannot write {workdir} ({reason}); free space or restore access there, then rerun '
-      'the same command to start again: no checkpoint was saved']
+      'the same command to start again: no checkpoint is there to resume from']
       for reason in ('No space left on device', 'No space left on device, or over quota')), (
           out.stderr)
   assert [r['epoch'] for r in read_metrics(workdir)] == [1]
@@ -907,3 +907,23 @@ def test_checkpoints_from_before_the_dtype_field_count_as_float32():
   del saved['dtype']
   assert config_rules.config_mismatches(saved, config_rules.flat_config(
       make_config(dtype='bfloat16'))) == ['dtype']
+
+
+def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
+    small_run, tmp_path, monkeypatch):
+  workdir, rename = tmp_path / 'run', os.rename
+
+  def removed_first(source, target):  # As epoch 2's save is finished: epoch 1's goes too.
+    if os.path.basename(source).startswith('2.orbax-checkpoint-tmp'):
+      shutil.rmtree(workdir)
+    rename(source, target)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(os, 'rename', removed_first)
+    with pytest.raises(UserError) as error:
+      loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
+  assert str(error.value) == (
+      f'cannot write {workdir} (No such file or directory): it was removed or moved while being '
+      'written to; rerun the same command to start again: no checkpoint is there to resume from')
+  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
+  assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(small_run))

@@ -367,9 +367,16 @@ class Checkpoints:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      kept = self.kept_epochs()  # Orbax has dropped the failed save's epoch.
+      kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
       failed = str(write_failed(self.directory, error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
+
+  def _on_disk(self) -> list[int]:
+    """The complete checkpoints in the folder, else those orbax knows of (less a failed save's)."""
+    try:
+      return self._run_dir.checkpoint_epochs()
+    except OSError:  # The folder cannot be listed now: orbax's own record.
+      return self.kept_epochs()
 
   def restore(self, template: steps.TrainState,
               warn: Callable[[str], None]) -> Restored | None:
