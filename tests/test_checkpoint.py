@@ -377,7 +377,8 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
 @pytest.mark.parametrize('make_stray, why', [
     (lambda path: path.mkdir(), 'its metadata cannot be read'),  # Orbax warns of its step metadata.
     (lambda path: path.write_text('notes'), 'it is a file, not a folder'),
-    (lambda path: path.symlink_to(path.parent / 'nowhere'), 'it is a link to nothing'),
+    pytest.param(lambda path: path.symlink_to(path.parent / 'nowhere'), 'it is a link to nothing',
+                 marks=pytest.mark.slow),
 ], ids=['folder', 'file', 'link to nothing'])
 def test_a_stray_numbered_entry_is_said_once_in_the_apps_own_words_and_kept(
     make_stray, why, small_copy, capsys, caplog):
@@ -909,6 +910,7 @@ def test_checkpoints_from_before_the_dtype_field_count_as_float32():
       make_config(dtype='bfloat16'))) == ['dtype']
 
 
+@pytest.mark.slow
 def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
     small_run, tmp_path, monkeypatch):
   workdir, rename = tmp_path / 'run', os.rename
