@@ -53,6 +53,8 @@ def image_files(paths: list[str]) -> list[str]:
       files.extend(found)
     elif os.path.isfile(path):
       files.append(path)
+    elif os.path.exists(path):  # A pipe or a device: Pillow would wait on it, or read without end.
+      raise UserError(f'{path} is neither a file nor a folder; pass image files or folders of them')
     else:
       raise UserError(f'{path} does not exist; pass image files or folders of them')
   return files

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 
@@ -161,6 +162,7 @@ BAD_INPUTS = {
     'not an image': (lambda f, run: (f / 'digit.png').write_text('not a picture'),
                      '{f}/digit.png', 'is not an image Pillow can read'),
     'missing file': (lambda f, run: None, '{f}/seven.png', 'does not exist'),
+    'a pipe': (lambda f, run: os.mkfifo(f / 'pipe.png'), '{f}/pipe.png', 'is neither a file nor a folder'),
     'blank picture': (lambda f, run: Image.new('L', (90, 60), 'white').save(f / 'blank.jpg'),
                       '{f}/blank.jpg', 'no digit found'),
     'empty folder': (lambda f, run: (f / 'empty').mkdir(), '{f}/empty', 'holds no image files'),
