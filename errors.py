@@ -1,6 +1,5 @@
 """Errors a user can act on: the library raises them, train.py prints each as one line, its fix."""
 
-import errno
 import os
 import re
 import signal
@@ -77,17 +76,13 @@ def _os_reason(text: str) -> str:
 
 
 def write_failed(path: str, error: Exception, saved: bool | None = None) -> UserError:
-  """A write the machine refused (full disk, lost permission, I/O error, a folder removed while
-  written to), as the user's one line.
+  """A write the machine refused (full disk, lost permission, I/O error), as the user's one line.
 
   `saved`: whether a checkpoint is there to resume from; None where the writer cannot tell.
   """
   reason = getattr(error, 'strerror', None) or _os_reason(str(error))
   then = {True: ' to resume from the newest checkpoint',
           False: ' to start again: no checkpoint is there to resume from', None: ''}[saved]
-  if reason == os.strerror(errno.ENOENT):  # Nothing to free or restore: the folder went.
-    return UserError(f'cannot write {path} ({reason}): it was removed or moved while being written '
-                     f'to; rerun the same command{then}')
   return UserError(f'cannot write {path} ({reason}); free space or restore access there, then '
                    f'rerun the same command{then}')
 

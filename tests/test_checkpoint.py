@@ -925,7 +925,7 @@ def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
     with pytest.raises(UserError) as error:
       loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
   assert str(error.value) == (
-      f'cannot write {workdir} (No such file or directory): it was removed or moved while being '
-      'written to; rerun the same command to start again: no checkpoint is there to resume from')
+      f'the run directory {workdir} was removed or moved while the run wrote there; move it back '
+      'and rerun the same command to resume, or rerun it to start again')
   loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
   assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(small_run))

@@ -34,13 +34,3 @@ def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
       'then rerun the same command to start again: no checkpoint is there to resume from')
   assert str(write_failed('/r', error)).endswith('there, then rerun the same command')
 
-
-@pytest.mark.parametrize('error', [
-    OSError(errno.ENOENT, os.strerror(errno.ENOENT)),
-    ValueError(f'NOT_FOUND: Error opening file: "{TENSORSTORE_PATH}": Failed to open: No such file or '
-               "directory [os_error_code='2']"),
-])
-def test_a_folder_removed_while_written_to_names_that_not_space_or_access(error):
-  assert str(write_failed('/r', error, saved=False)) == (
-      'cannot write /r (No such file or directory): it was removed or moved while being written to; '
-      'rerun the same command to start again: no checkpoint is there to resume from')

@@ -27,7 +27,7 @@ from etils import epath
 from mlp import steps
 from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
                     TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
-from errors import UserError, causes, write_failed
+from errors import UserError, causes
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -368,7 +368,7 @@ class Checkpoints:
           with contextlib.suppress(OSError):
             path.get().rmtree()
       kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
-      failed = str(write_failed(self.directory, error, saved=bool(kept)))
+      failed = str(self._run_dir.write_failed('', error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
   def _on_disk(self) -> list[int]:

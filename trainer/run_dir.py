@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from etils import epath
 
+import errors
 from errors import UserError
 
 REMOTE_PREFIX = 'gs://'
@@ -84,6 +85,16 @@ class RunDirectory:
     if not os.access(self.name, os.W_OK | os.X_OK):
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
                       'be written to')
+
+  def write_failed(self, name: str, error: OSError | ValueError,
+                   saved: bool | None = None) -> UserError:
+    """A refused write of `name` (the folder itself: '') as the user's one line; a local run
+    directory that is gone, removed or moved while the run wrote there, is named as such."""
+    if not self.remote and not os.path.isdir(self.name):
+      return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
+                       'there; move it back and rerun the same command to resume, or rerun it to '
+                       'start again')
+    return errors.write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_not_a_file(self) -> None:
     """A --workdir naming a file is the user's one line, not an error of each thing it is used for."""
