@@ -196,14 +196,10 @@ def truncate(path):
   path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
 
 
-def flip_first_byte(path):
-  data = bytearray(path.read_bytes())
-  data[0] ^= 0x01
-  path.write_bytes(bytes(data))
-
-
-def replace_first_byte(path, byte):
-  path.write_bytes(bytes([byte]) + path.read_bytes()[1:])
+def replace_first_byte(path, byte=None):
+  """Writes `byte` over the file's first one; by default, that byte with its lowest bit flipped."""
+  data = path.read_bytes()
+  path.write_bytes(bytes([data[0] ^ 0x01 if byte is None else byte]) + data[1:])
 
 
 def folder_in_place_of(path):
@@ -259,7 +255,7 @@ DAMAGE = [
     pytest.param(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint', False,
                  id='one flipped bit of a weight'),
     # The file's first bytes open a zstd frame: a chunk that no longer decodes.
-    pytest.param(lambda ckpt: flip_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
+    pytest.param(lambda ckpt: replace_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
                  False, id='a chunk that no longer decodes'),
     pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
                  id='deleted metadata', marks=pytest.mark.slow),
