@@ -368,7 +368,7 @@ class Checkpoints:
           with contextlib.suppress(OSError):
             path.get().rmtree()
       kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
-      failed = str(self._run_dir.write_failed('', error, saved=bool(kept)))
+      failed = str(self._run_dir.refused_write('', error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
   def _on_disk(self) -> list[int]:

@@ -122,7 +122,7 @@ def _refusal_said(run_dir: RunDirectory, name: str = '') -> Iterator[None]:
   try:
     yield
   except OSError as error:
-    raise run_dir.write_failed(name, error) from error
+    raise run_dir.refused_write(name, error) from error
 
 
 class _EventsFile:

@@ -16,8 +16,7 @@ from typing import Any, TextIO
 
 from etils import epath
 
-import errors
-from errors import UserError
+from errors import UserError, write_failed
 
 REMOTE_PREFIX = 'gs://'
 CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account; elsewhere run '
@@ -86,15 +85,15 @@ class RunDirectory:
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
                       'be written to')
 
-  def write_failed(self, name: str, error: OSError | ValueError,
-                   saved: bool | None = None) -> UserError:
+  def refused_write(self, name: str, error: OSError | ValueError,
+                    saved: bool | None = None) -> UserError:
     """A refused write of `name` (the folder itself: '') as the user's one line; a local run
     directory that is gone, removed or moved while the run wrote there, is named as such."""
     if not self.remote and not os.path.isdir(self.name):
       return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
                        'there; move it back and rerun the same command to resume, or rerun it to '
                        'start again')
-    return errors.write_failed(self.file(name) if name else self.name, error, saved)
+    return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_not_a_file(self) -> None:
     """A --workdir naming a file is the user's one line, not an error of each thing it is used for."""
