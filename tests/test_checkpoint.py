@@ -31,7 +31,7 @@ from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from trainer.run_dir import RunDirectory
+from trainer.run_dir import LOCK_FILE, RunDirectory
 from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
                             without_timings)
@@ -925,3 +925,36 @@ def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
       'and rerun the same command to resume, or rerun it to start again')
   loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
   assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(small_run))
+
+
+# train.py, with the OS refusing to make epoch 2's folder, as it does when the run directory has
+# become read-only for this user (root would not be refused).
+REFUSE_EPOCH_2 = '''
+import errno, os, runpy, sys
+make = os.mkdir
+def refused(path, *args, **kwargs):
+  if os.path.basename(os.fspath(path)).startswith('2.orbax-checkpoint-tmp'):
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+  return make(path, *args, **kwargs)
+os.mkdir = refused
+sys.argv = sys.argv[1:]
+runpy.run_path('train.py', run_name='__main__')
+'''
+
+
+@pytest.mark.slow
+def test_a_save_refused_its_folder_ends_in_one_line_at_once_and_resumes(small_run, tmp_path):
+  """Orbax's threads of that save wait minutes for the folder (holding the exit), then print their
+  tracebacks: the run ends without them."""
+  args = [CONFIG, f'--workdir={tmp_path}', *override_flags(**SMALL)]
+  start = time.monotonic()
+  out = subprocess.run([sys.executable, '-c', REFUSE_EPOCH_2, 'train.py', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=240)
+  assert out.returncode == 1 and time.monotonic() - start < 120, out.stderr
+  assert out.stderr.strip().splitlines() == [
+      f'error: cannot write {tmp_path} (Permission denied); free space or restore access there, '
+      'then rerun the same command to resume from the newest checkpoint (epoch 1)']
+  assert not (tmp_path / LOCK_FILE).read_text()  # Released: a rerun need not wait for it.
+  resumed = run_train(*args)
+  assert resumed.returncode == 0 and 'resumed from epoch 1' in resumed.stdout, resumed.stderr
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
