@@ -34,3 +34,11 @@ def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
       'then rerun the same command to start again: no checkpoint is there to resume from')
   assert str(write_failed('/r', error)).endswith('there, then rerun the same command')
 
+
+
+@pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR])
+def test_a_folder_or_file_in_the_way_is_named_as_the_fix(code):
+  error = OSError(code, os.strerror(code))
+  assert str(write_failed('/r/metrics.jsonl', error)) == (
+      f'cannot write /r/metrics.jsonl ({os.strerror(code)}); move the folder or file in its way out '
+      'of it, then rerun the same command')
