@@ -1,5 +1,6 @@
 """Errors a user can act on: the library raises them, train.py prints each as one line, its fix."""
 
+import errno
 import os
 import re
 import signal
@@ -75,6 +76,9 @@ def _os_reason(text: str) -> str:
   return (text.strip().splitlines() or [''])[0][:160]
 
 
+IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))  # A folder for a file, or back.
+
+
 def write_failed(path: str, error: Exception, saved: bool | None = None) -> UserError:
   """A write the machine refused (full disk, lost permission, I/O error), as the user's one line.
 
@@ -82,9 +86,10 @@ def write_failed(path: str, error: Exception, saved: bool | None = None) -> User
   """
   reason = getattr(error, 'strerror', None) or _os_reason(str(error))
   then = {True: ' to resume from the newest checkpoint',
-          False: ' to start again: no checkpoint was saved', None: ''}[saved]
-  return UserError(f'cannot write {path} ({reason}); free space or restore access there, then '
-                   f'rerun the same command{then}')
+          False: ' to start again: no checkpoint is there to resume from', None: ''}[saved]
+  fix = ('move the folder or file in its way out of it' if reason in IN_THE_WAY
+         else 'free space or restore access there')
+  return UserError(f'cannot write {path} ({reason}); {fix}, then rerun the same command{then}')
 
 
 def say(line: str, stream: TextIO) -> None:

@@ -53,35 +53,47 @@ def image_files(paths: list[str]) -> list[str]:
       files.extend(found)
     elif os.path.isfile(path):
       files.append(path)
+    elif os.path.exists(path):  # A pipe or a device: Pillow would wait on it, or read without end.
+      raise UserError(f'{path} is neither a file nor a folder; pass image files or folders of them')
     else:
       raise UserError(f'{path} does not exist; pass image files or folders of them')
   return files
 
 
-def read_digits(files: list[str]) -> np.ndarray:
-  """uint8 [N, 784]: each file as an MNIST image, or a UserError naming the file that is not one."""
+def read_digit(path: str) -> np.ndarray:
+  """uint8 [784]: the file as an MNIST image, or a UserError naming the file and why it is not one."""
   from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
   from data import digit_images  # pylint: disable=g-import-not-at-top
-  digits = []
+  try:
+    with warnings.catch_warnings():  # Pillow's warning of a huge picture: refused as its error is.
+      warnings.simplefilter('error', Image.DecompressionBombWarning)
+      with Image.open(path) as image:
+        return digit_images.to_mnist(image).reshape(-1)
+  except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
+    raise UserError(f'{path} is too large a picture to read ({error}); pass a picture of one '
+                    'digit, a few hundred pixels across') from error
+  except UnidentifiedImageError as error:
+    raise UserError(f'{path} is not an image Pillow can read; pass PNG, JPEG or another picture '
+                    'format') from error
+  except digit_images.NoDigit as error:
+    raise UserError(f'{path}: {error}; pass a picture of one dark digit on a light page, or the '
+                    'reverse') from error
+  except (OSError, ValueError) as error:
+    raise UserError(f'{path} cannot be read ({error}); pass a complete image file that this user '
+                    'can read') from error
+
+
+def read_digits(files: list[str]) -> tuple[list[str], np.ndarray, list[str]]:
+  """The files that are pictures of digits and their MNIST images (uint8 [N, 784]), and a line for
+  each file that is not: one bad file in a folder leaves the others to classify."""
+  read, digits, unread = [], [], []
   for path in files:
     try:
-      with warnings.catch_warnings():  # Pillow's warning of a huge picture: refused as its error is.
-        warnings.simplefilter('error', Image.DecompressionBombWarning)
-        with Image.open(path) as image:
-          digits.append(digit_images.to_mnist(image).reshape(-1))
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-      raise UserError(f'{path} is too large a picture to read ({error}); pass a picture of one '
-                      'digit, a few hundred pixels across') from error
-    except UnidentifiedImageError as error:
-      raise UserError(f'{path} is not an image Pillow can read; pass PNG, JPEG or another picture '
-                      'format') from error
-    except digit_images.NoDigit as error:
-      raise UserError(f'{path}: {error}; pass a picture of one dark digit on a light page, or the '
-                      'reverse') from error
-    except (OSError, ValueError) as error:
-      raise UserError(f'{path} cannot be read ({error}); pass a complete image file that this user '
-                      'can read') from error
-  return np.stack(digits)
+      digits.append(read_digit(path))
+      read.append(path)
+    except UserError as error:
+      unread.append(str(error))
+  return read, np.array(digits, np.uint8).reshape(-1, 784), unread
 
 
 def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
@@ -99,8 +111,11 @@ def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
 
 def main(argv: list[str]) -> None:
   try:
-    files = image_files(argv[1:])
-    digits = read_digits(files)  # Before JAX loads: a bad file is reported at once.
+    files, digits, unread = read_digits(image_files(argv[1:]))
+    if not files:  # Nothing to classify: said at once, before JAX loads.
+      for line in unread[:-1]:
+        say(f'error: {line}', sys.stderr)
+      raise UserError(unread[-1])
     os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
     from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(_WORKDIR.value)
@@ -108,8 +123,13 @@ def main(argv: list[str]) -> None:
     report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   except UserError as error:
     fail(str(error), 1)
+  for line in unread:
+    say(f'error: {line}', sys.stderr)
+  left_out = f'; left out {len(unread)} that could not be read, each said above' if unread else ''
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {workdir}{evaluation.ensemble_of(config)}', file=sys.stderr)
+        f'epoch {restored.epoch} in {workdir}{evaluation.ensemble_of(config)}{left_out}',
+        file=sys.stderr)
+  sys.exit(1 if unread else 0)
 
 
 if __name__ == '__main__':

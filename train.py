@@ -8,6 +8,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
@@ -205,6 +206,24 @@ def advice(error: UserError) -> str:
 
 
 _ENDING = threading.Lock()  # Held by the first thread to end the process for a lost peer.
+ABANDONED_GRACE_S = 5.0  # How long an error's exit waits for threads still running.
+
+
+def exit_past_abandoned_work(status: int) -> None:
+  """sys.exit, or at once where threads outlive the run: a save that failed before its folder was
+  made leaves orbax's threads waiting minutes for that folder, which would hold the exit, then print
+  their tracebacks. (The run closed its checkpoints first: every save that could end has ended.)"""
+  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
+  others = [thread for thread in threading.enumerate()
+            if not thread.daemon and thread is not threading.current_thread()]
+  deadline = time.monotonic() + ABANDONED_GRACE_S  # Polled: orbax's threads' join() may raise.
+  while any(thread.is_alive() for thread in others) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  if any(thread.is_alive() for thread in others):
+    run_dirs.release_held_locks()
+    sys.stdout.flush()
+    processes.end_now(status)
+  sys.exit(status)
 
 
 def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
@@ -282,7 +301,7 @@ def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',
       loop.train_and_evaluate(config, run_dir, should_stop=stop_request,
                               lock_stale_after=_LOCK_STALE_AFTER.value)
   except UserError as error:
-    fail(advice(error), 1)
+    fail(advice(error), 1, exit_now=exit_past_abandoned_work)
   except loop.Preempted as stopped:
     print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
     sys.exit(stopped.exit_status)

@@ -31,7 +31,7 @@ from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from trainer.run_dir import RunDirectory
+from trainer.run_dir import LOCK_FILE, RunDirectory
 from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
                             without_timings)
@@ -196,14 +196,10 @@ def truncate(path):
   path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
 
 
-def flip_first_byte(path):
-  data = bytearray(path.read_bytes())
-  data[0] ^= 0x01
-  path.write_bytes(bytes(data))
-
-
-def replace_first_byte(path, byte):
-  path.write_bytes(bytes([byte]) + path.read_bytes()[1:])
+def replace_first_byte(path, byte=None):
+  """Writes `byte` over the file's first one; by default, that byte with its lowest bit flipped."""
+  data = path.read_bytes()
+  path.write_bytes(bytes([data[0] ^ 0x01 if byte is None else byte]) + data[1:])
 
 
 def folder_in_place_of(path):
@@ -214,6 +210,11 @@ def folder_in_place_of(path):
 def file_in_place_of(path):
   shutil.rmtree(path)
   path.write_text('')
+
+
+def link_to_nothing_in_place_of(path):
+  shutil.rmtree(path)
+  path.symlink_to(path.parent / 'nowhere')
 
 
 def flip_a_stored_bit(state):
@@ -254,7 +255,7 @@ DAMAGE = [
     pytest.param(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint', False,
                  id='one flipped bit of a weight'),
     # The file's first bytes open a zstd frame: a chunk that no longer decodes.
-    pytest.param(lambda ckpt: flip_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
+    pytest.param(lambda ckpt: replace_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
                  False, id='a chunk that no longer decodes'),
     pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
                  id='deleted metadata', marks=pytest.mark.slow),
@@ -267,6 +268,11 @@ DAMAGE = [
     pytest.param(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
                  'holds no fingerprint, or no config', False, id='metadata of another shape',
                  marks=pytest.mark.slow),
+    # Not a checkpoint, yet where orbax writes the epoch's: it used to delete the file to save there.
+    pytest.param(file_in_place_of, 'it is a file, not a folder', False,
+                 id='a file in place of the checkpoint'),
+    pytest.param(link_to_nothing_in_place_of, 'it is a link to nothing', False,
+                 id='a link to nothing in place of the checkpoint', marks=pytest.mark.slow),
 ]
 
 
@@ -289,7 +295,7 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
   assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
   assert_same_params(small_copy, small_run, make_config(**SMALL))
   assert_tensorboard_matches_metrics(small_copy)  # Epoch 3 was recorded twice, and shows once.
-  assert (small_copy / f'{DAMAGED_PREFIX}3').is_dir()  # Kept for inspection, not deleted.
+  assert os.path.lexists(small_copy / f'{DAMAGED_PREFIX}3')  # Kept for inspection, not deleted.
 
 
 def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
@@ -364,15 +370,32 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
 
 
-def test_a_stray_numbered_folder_is_said_once_in_the_apps_own_words(small_copy, capsys, caplog):
-  (small_copy / '9').mkdir()  # Not a checkpoint: orbax warns of its missing step metadata.
+@pytest.mark.parametrize('make_stray, why', [
+    (lambda path: path.mkdir(), 'its metadata cannot be read'),  # Orbax warns of its step metadata.
+    (lambda path: path.write_text('notes'), 'it is a file, not a folder'),
+    pytest.param(lambda path: path.symlink_to(path.parent / 'nowhere'), 'it is a link to nothing',
+                 marks=pytest.mark.slow),
+], ids=['folder', 'file', 'link to nothing'])
+def test_a_stray_numbered_entry_is_said_once_in_the_apps_own_words_and_kept(
+    make_stray, why, small_copy, capsys, caplog):
+  make_stray(small_copy / '9')
   with caplog.at_level(logging.WARNING):
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   assert not orbax_step_metadata_warnings(caplog.records, small_copy / '9')
   warnings = [line for line in capsys.readouterr().err.splitlines() if line]
-  assert len(warnings) == 1 and warnings[0].startswith(
-      'warning: the checkpoint of epoch 9 is damaged: its metadata cannot be read'), warnings
-  assert (small_copy / f'{DAMAGED_PREFIX}9').is_dir()
+  assert len(warnings) == 1, warnings
+  assert warnings[0].startswith(f'warning: the checkpoint of epoch 9 is damaged: {why}')
+  assert warnings[0].endswith(f'moved it to {small_copy / DAMAGED_PREFIX}9 and fell back to epoch 3')
+  assert not os.path.lexists(small_copy / '9') and os.path.lexists(small_copy / f'{DAMAGED_PREFIX}9')
+
+
+def test_a_stray_numbered_file_alone_is_refused_and_kept(tmp_path):
+  (tmp_path / '2').write_text('notes')
+  with pytest.raises(UserError, match=r'no checkpoint in .* can be restored \(epoch 2: it is a '
+                     r'file, not a folder\)'):
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['2', 'run.lock']  # Nothing moved, nothing made.
+  assert (tmp_path / '2').read_text() == 'notes'
 
 
 def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy):
@@ -710,7 +733,7 @@ def test_a_disk_full_before_any_checkpoint_promises_none_and_leaves_no_partial_s
   assert out.returncode == 1
   assert out.stderr.strip().splitlines() in ([
       f'error: cannot write {workdir} ({reason}); free space or restore access there, then rerun '
-      'the same command to start again: no checkpoint was saved']
+      'the same command to start again: no checkpoint is there to resume from']
       for reason in ('No space left on device', 'No space left on device, or over quota')), (
           out.stderr)
   assert [r['epoch'] for r in read_metrics(workdir)] == [1]
@@ -881,3 +904,57 @@ def test_checkpoints_from_before_the_dtype_field_count_as_float32():
   del saved['dtype']
   assert config_rules.config_mismatches(saved, config_rules.flat_config(
       make_config(dtype='bfloat16'))) == ['dtype']
+
+
+@pytest.mark.slow
+def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
+    small_run, tmp_path, monkeypatch):
+  workdir, rename = tmp_path / 'run', os.rename
+
+  def removed_first(source, target):  # As epoch 2's save is finished: epoch 1's goes too.
+    if os.path.basename(source).startswith('2.orbax-checkpoint-tmp'):
+      shutil.rmtree(workdir)
+    rename(source, target)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(os, 'rename', removed_first)
+    with pytest.raises(UserError) as error:
+      loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
+  assert str(error.value) == (
+      f'the run directory {workdir} was removed or moved while the run wrote there; move it back '
+      'and rerun the same command to resume, or rerun it to start again')
+  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
+  assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(small_run))
+
+
+# train.py, with the OS refusing to make epoch 2's folder, as it does when the run directory has
+# become read-only for this user (root would not be refused).
+REFUSE_EPOCH_2 = '''
+import errno, os, runpy, sys
+make = os.mkdir
+def refused(path, *args, **kwargs):
+  if os.path.basename(os.fspath(path)).startswith('2.orbax-checkpoint-tmp'):
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+  return make(path, *args, **kwargs)
+os.mkdir = refused
+sys.argv = sys.argv[1:]
+runpy.run_path('train.py', run_name='__main__')
+'''
+
+
+@pytest.mark.slow
+def test_a_save_refused_its_folder_ends_in_one_line_at_once_and_resumes(small_run, tmp_path):
+  """Orbax's threads of that save wait minutes for the folder (holding the exit), then print their
+  tracebacks: the run ends without them."""
+  args = [CONFIG, f'--workdir={tmp_path}', *override_flags(**SMALL)]
+  start = time.monotonic()
+  out = subprocess.run([sys.executable, '-c', REFUSE_EPOCH_2, 'train.py', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=240)
+  assert out.returncode == 1 and time.monotonic() - start < 120, out.stderr
+  assert out.stderr.strip().splitlines() == [
+      f'error: cannot write {tmp_path} (Permission denied); free space or restore access there, '
+      'then rerun the same command to resume from the newest checkpoint (epoch 1)']
+  assert not (tmp_path / LOCK_FILE).read_text()  # Released: a rerun need not wait for it.
+  resumed = run_train(*args)
+  assert resumed.returncode == 0 and 'resumed from epoch 1' in resumed.stdout, resumed.stderr
+  assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))

@@ -31,5 +31,14 @@ def test_a_refused_write_is_one_line_with_the_path_the_reason_and_the_fix(error,
 def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
   error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   assert str(write_failed('/r', error, saved=False)).endswith(
-      'then rerun the same command to start again: no checkpoint was saved')
+      'then rerun the same command to start again: no checkpoint is there to resume from')
   assert str(write_failed('/r', error)).endswith('there, then rerun the same command')
+
+
+
+@pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR])
+def test_a_folder_or_file_in_the_way_is_named_as_the_fix(code):
+  error = OSError(code, os.strerror(code))
+  assert str(write_failed('/r/metrics.jsonl', error)) == (
+      f'cannot write /r/metrics.jsonl ({os.strerror(code)}); move the folder or file in its way out '
+      'of it, then rerun the same command')

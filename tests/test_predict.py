@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import os
 import pathlib
 import shutil
 
@@ -11,7 +12,7 @@ from PIL import Image
 
 from data import digit_images
 from data.mnist import load_split
-from tests.conftest import make_config, run_train
+from tests.conftest import ROOT, make_config, run_train
 from trainer import checkpoints, config_rules, evaluation, pictures
 from trainer.reporting import EVAL_FILE
 from trainer.run_dir import RunDirectory
@@ -161,6 +162,7 @@ BAD_INPUTS = {
     'not an image': (lambda f, run: (f / 'digit.png').write_text('not a picture'),
                      '{f}/digit.png', 'is not an image Pillow can read'),
     'missing file': (lambda f, run: None, '{f}/seven.png', 'does not exist'),
+    'a pipe': (lambda f, run: os.mkfifo(f / 'pipe.png'), '{f}/pipe.png', 'is neither a file nor a folder'),
     'blank picture': (lambda f, run: Image.new('L', (90, 60), 'white').save(f / 'blank.jpg'),
                       '{f}/blank.jpg', 'no digit found'),
     'empty folder': (lambda f, run: (f / 'empty').mkdir(), '{f}/empty', 'holds no image files'),
@@ -195,6 +197,38 @@ def test_bad_input_ends_in_one_line_and_writes_nothing(case, request, tmp_path):
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], out.stderr
   assert snapshot(tmp_path) == before
+
+
+def test_files_without_a_digit_are_said_each_and_the_others_still_classified(quick_run, tmp_path):
+  workdir, _ = quick_run
+  shutil.copytree(ROOT / 'docs' / 'digits', tmp_path, dirs_exist_ok=True)
+  (tmp_path / 'notes.png').write_text('not a picture')
+  Image.new('L', (90, 60), 'white').save(tmp_path / 'blank.jpg')
+  out = run_train(f'--workdir={workdir}', '--json', str(tmp_path), script='predict.py')
+  assert out.returncode == 1
+  digits = {pathlib.Path(json.loads(line)['file']).name: json.loads(line)['digit']
+            for line in out.stdout.splitlines()}
+  assert digits == {'test-8003-enlarged.jpg': 7, 'test-8017-enlarged.jpg': 9, 'typed-3.png': 3,
+                    'typed-6.png': 6}
+  lines = out.stderr.strip().splitlines()
+  assert lines[:2] == [
+      f'error: {tmp_path}/blank.jpg: no digit found: the picture is blank or too faint (contrast 0 '
+      'of 255 grey levels); pass a picture of one dark digit on a light page, or the reverse',
+      f'error: {tmp_path}/notes.png is not an image Pillow can read; pass PNG, JPEG or another '
+      'picture format']
+  assert lines[2].startswith('classified 4 images with the checkpoint of epoch 3 in ')
+  assert lines[2].endswith('; left out 2 that could not be read, each said above')
+  assert len(lines) == 3
+
+
+def test_when_no_file_holds_a_digit_each_is_said_before_any_run_is_read(tmp_path):
+  for name in ('a.png', 'b.png'):
+    (tmp_path / name).write_text('not a picture')
+  out = run_train(f'--workdir={tmp_path / "nowhere"}', str(tmp_path), script='predict.py')
+  assert out.returncode == 1 and out.stdout == ''
+  assert out.stderr.strip().splitlines() == [
+      f'error: {tmp_path / name} is not an image Pillow can read; pass PNG, JPEG or another picture '
+      'format' for name in ('a.png', 'b.png')]
 
 
 def test_a_photographed_digit_is_made_the_way_mnist_made_its_own(mnist_dir):

@@ -27,7 +27,7 @@ from etils import epath
 from mlp import steps
 from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
                     TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
-from errors import UserError, causes, write_failed
+from errors import UserError, causes
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -367,9 +367,16 @@ class Checkpoints:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      kept = self.kept_epochs()  # Orbax has dropped the failed save's epoch.
-      failed = str(write_failed(self.directory, error, saved=bool(kept)))
+      kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
+      failed = str(self._run_dir.refused_write('', error, saved=bool(kept)))
       raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
+
+  def _on_disk(self) -> list[int]:
+    """The complete checkpoints in the folder, else those orbax knows of (less a failed save's)."""
+    try:
+      return self._run_dir.checkpoint_epochs()
+    except OSError:  # The folder cannot be listed now: orbax's own record.
+      return self.kept_epochs()
 
   def restore(self, template: steps.TrainState,
               warn: Callable[[str], None]) -> Restored | None:
@@ -387,8 +394,11 @@ class Checkpoints:
     rng = jax.ShapeDtypeStruct(self._run_key.shape, self._run_key.dtype, sharding=step.sharding)
     target = saved_tree(template, rng)
     damaged: list[tuple[int, str]] = []
-    for epoch in reversed(self.kept_epochs()):
+    stray = dict(self._run_dir.stray_epochs())  # Damage too: orbax would delete one, to save there.
+    for epoch in sorted({*self.kept_epochs(), *stray}, reverse=True):
       try:
+        if epoch in stray:
+          raise _Damaged(stray[epoch])
         meta, tree = self._restore_verified(epoch, target)
       except _Damaged as damage:
         damaged.append((epoch, str(damage)))
@@ -458,7 +468,7 @@ class Checkpoints:
     moved = []
     for epoch in epochs:
       name, suffix = f'{DAMAGED_PREFIX}{epoch}', 1
-      while self._run_dir.path(name).exists():
+      while self._run_dir.path(name).exists() or os.path.islink(self._run_dir.file(name)):
         suffix += 1
         name = f'{DAMAGED_PREFIX}{epoch}.{suffix}'
       if self._primary:

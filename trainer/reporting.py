@@ -18,7 +18,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from errors import say, write_failed
+from errors import say
 from trainer.run_dir import RunDirectory
 
 METRICS_FILE = 'metrics.jsonl'
@@ -106,7 +106,7 @@ def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
 
 def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> None:
   """The whole file anew: an object store cannot append, and a reader never sees half a line."""
-  with _refusal_said(run_dir.file(name)):
+  with _refusal_said(run_dir, name):
     run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
 
 
@@ -117,12 +117,12 @@ def warn(message: str, enabled: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def _refusal_said(path: str) -> Iterator[str]:
-  """Turns a refused write under `path` into the user's one line."""
+def _refusal_said(run_dir: RunDirectory, name: str = '') -> Iterator[None]:
+  """Turns a refused write of `name` in the run directory into the user's one line."""
   try:
-    yield path
+    yield
   except OSError as error:
-    raise write_failed(path, error) from error
+    raise run_dir.refused_write(name, error) from error
 
 
 class _EventsFile:
@@ -140,7 +140,7 @@ class _EventsFile:
     event.wall_time = time.time()
     framed = io.BytesIO()
     RecordWriter(framed).write(event.SerializeToString())
-    with _refusal_said(self._run_dir.file(self._name)):
+    with _refusal_said(self._run_dir, self._name):
       if self._run_dir.remote:
         self._whole += framed.getvalue()
         self._run_dir.write(self._name, self._whole)
@@ -197,7 +197,7 @@ class Reporter:
     for name, pixels in pictures.items():
       png = io.BytesIO()
       Image.fromarray(pixels).save(png, format='PNG')
-      with _refusal_said(self._run_dir.file(f'{name}.png')):
+      with _refusal_said(self._run_dir, f'{name}.png'):
         self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
       height, width, channels = pixels.shape
       images.append(Summary.Value(tag=name, image=Summary.Image(
@@ -212,7 +212,7 @@ class Reporter:
     if not wanted:
       yield
       return
-    with _refusal_said(str(self._run_dir)), jax.profiler.trace(str(self._run_dir),
+    with _refusal_said(self._run_dir), jax.profiler.trace(str(self._run_dir),
                                                           create_perfetto_trace=True):
       yield
     traces = sorted(self._run_dir.path().glob('plugins/profile/*'))

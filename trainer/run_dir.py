@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 from etils import epath
 
-from errors import UserError
+from errors import UserError, write_failed
 
 REMOTE_PREFIX = 'gs://'
 CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account; elsewhere run '
@@ -85,6 +85,16 @@ class RunDirectory:
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
                       'be written to')
 
+  def refused_write(self, name: str, error: OSError | ValueError,
+                    saved: bool | None = None) -> UserError:
+    """A refused write of `name` (the folder itself: '') as the user's one line; a local run
+    directory that is gone, removed or moved while the run wrote there, is named as such."""
+    if not self.remote and not os.path.isdir(self.name):
+      return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
+                       'there; move it back and rerun the same command to resume, or rerun it to '
+                       'start again')
+    return write_failed(self.file(name) if name else self.name, error, saved)
+
   def check_not_a_file(self) -> None:
     """A --workdir naming a file is the user's one line, not an error of each thing it is used for."""
     if not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
@@ -136,6 +146,16 @@ class RunDirectory:
     if not self.exists():  # Not there, or a file: no checkpoint to list (orbax would raise).
       return []
     return sorted(ocp.path.step.checkpoint_steps(self.path()))
+
+  def stray_epochs(self) -> list[tuple[int, str]]:
+    """(epoch, what it is) of each entry on a disk named as an epoch's checkpoint but no folder: a
+    file, or a link to nothing. Orbax passes over them, then deletes one to save its epoch there.
+    (A bucket has no folders: a save cut short there may list so, and is orbax's to redo.)"""
+    if self.remote or not self.exists():
+      return []
+    return sorted((int(entry.name), 'it is a file, not a folder' if entry.exists() else
+                   'it is a link to nothing') for entry in self.path().iterdir()
+                  if re.fullmatch(r'0|[1-9][0-9]*', entry.name) and not entry.is_dir())
 
 
 LOCK_FILE = 'run.lock'
