@@ -270,7 +270,7 @@ DAMAGE = [
                  marks=pytest.mark.slow),
     # Not a checkpoint, yet where orbax writes the epoch's: it used to delete the file to save there.
     pytest.param(file_in_place_of, 'it is a file, not a folder', False,
-                 id='a file in place of the checkpoint'),
+                 id='a file in place of the checkpoint', marks=pytest.mark.slow),
     pytest.param(link_to_nothing_in_place_of, 'it is a link to nothing', False,
                  id='a link to nothing in place of the checkpoint', marks=pytest.mark.slow),
 ]
