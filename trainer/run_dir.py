@@ -89,7 +89,7 @@ class RunDirectory:
                     saved: bool | None = None) -> UserError:
     """A refused write of `name` (the folder itself: '') as the user's one line; a local run
     directory that is gone, removed or moved while the run wrote there, is named as such."""
-    if not self.remote and not os.path.isdir(self.name):
+    if not self.remote and not self.exists():
       return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
                        'there; move it back and rerun the same command to resume, or rerun it to '
                        'start again')
