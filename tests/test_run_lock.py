@@ -57,6 +57,37 @@ def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refuse
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
 
+def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
+  warnings = []
+  with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:
+    (tmp_path / LOCK_FILE).unlink()
+    assert not lock.lost()
+    assert warnings == [f'the run lock {tmp_path / LOCK_FILE} was removed while this run held it; '
+                        'this run took it again (leave run.lock in place while a run uses its '
+                        'directory)']
+    assert (tmp_path / LOCK_FILE).read_text() == f'host {socket.gethostname()}, pid {os.getpid()}\n'
+    with pytest.raises(UserError, match='is in use by a training run'):  # Held again.
+      with RunLock(RunDirectory(tmp_path)):
+        pass
+    assert not lock.lost() and len(warnings) == 1
+  assert (tmp_path / LOCK_FILE).read_text() == ''
+
+
+def test_a_run_whose_removed_lock_another_run_took_stops_and_leaves_that_lock(tmp_path):
+  with RunLock(RunDirectory(tmp_path)) as first:
+    (tmp_path / LOCK_FILE).unlink()
+    with RunLock(RunDirectory(tmp_path)) as second:  # A newcomer finds no lock: the run is its.
+      with pytest.raises(UserError) as error:
+        first.check()
+      assert str(error.value) == (
+          f'another training run took the run directory {tmp_path} after its run lock was removed '
+          'by hand; this run stops without writing more, and that one goes on (leave run.lock in '
+          'place while a run uses its directory)')
+      second.check()
+      first.release()
+      assert (tmp_path / LOCK_FILE).read_text().startswith('host ')  # Still the newcomer's.
+
+
 def hold(workdir, stale_after: float = 120) -> subprocess.Popen:
   """Another process holding the run lock of `workdir` until killed."""
   holder = subprocess.Popen([sys.executable, '-c', HOLD, str(workdir), str(stale_after)], cwd=ROOT,
