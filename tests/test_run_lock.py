@@ -128,13 +128,9 @@ def test_a_lock_whose_holder_was_killed_is_taken_over_at_once_saying_so(where, t
 def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_path, mnist_dir):
   args = ['--config=configs/default.py', f'--workdir={tmp_path}',
           *override_flags(num_epochs=6, data__train_split='train[:2000]')]
-  first = subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  first = start_train(args)
   try:
-    deadline = time.monotonic() + 120
-    while not (tmp_path / METRICS_FILE).exists():  # The first run is training.
-      assert time.monotonic() < deadline and first.poll() is None
-      time.sleep(0.1)
+    wait_until(lambda: (tmp_path / METRICS_FILE).exists(), first)  # The first run is training.
     first.send_signal(signal.SIGSTOP)  # Alive and holding the run directory, however fast it is.
     start = time.monotonic()
     try:
@@ -153,6 +149,46 @@ def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_pa
   epochs = [int(line.split('"epoch": ')[1].split(',')[0])
             for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
   assert epochs == list(range(1, 7))  # The second run added none.
+
+
+@pytest.mark.slow
+def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_one_goes_on(
+    tmp_path, mnist_dir):
+  args = ['--config=configs/default.py', f'--workdir={tmp_path}',
+          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
+  first = start_train(args)
+  try:
+    wait_until(lambda: (tmp_path / '1').is_dir(), first)  # Epoch 1 is saved.
+    first.send_signal(signal.SIGSTOP)
+    (tmp_path / LOCK_FILE).unlink()
+    second = start_train(args)
+    wait_until(lambda: '"epoch": 2' in (tmp_path / METRICS_FILE).read_text(), second)
+    first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=120) == 1
+    assert first.stderr.read().splitlines() == [
+        f'error: another training run took the run directory {tmp_path} after its run lock was '
+        'removed by hand; this run stops without writing more, and that one goes on (leave '
+        'run.lock in place while a run uses its directory)']
+    assert second.wait(timeout=300) == 0, second.stderr.read()
+  finally:
+    first.kill()
+  epochs = [int(line.split('"epoch": ')[1].split(',')[0])
+            for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
+  assert epochs == list(range(1, 7))  # Each epoch recorded once.
+  assert (tmp_path / LOCK_FILE).read_text() == ''  # Released by the run that went on.
+
+
+def start_train(args: list[str]) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_until(condition, process: subprocess.Popen, timeout: float = 120) -> None:
+  """Polls `condition` while `process` runs."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert time.monotonic() < deadline and process.poll() is None
+    time.sleep(0.05)
 
 
 def lock_text(url: str) -> str:
