@@ -30,6 +30,8 @@ ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
 # Orbax's warning of a step folder without its _CHECKPOINT_METADATA: not a checkpoint it wrote whole.
 ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
+# Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
+ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.

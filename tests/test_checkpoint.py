@@ -570,11 +570,16 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
     assert_same_params(tmp_path / run, small_run, config)
 
 
+def ones_state(config):
+  """A state of the config's shapes and placement, every value one: quick to save."""
+  template = state_template(config, mode_and_mesh(config)[1])
+  return jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
+                      template)
+
+
 def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_aside(tmp_path):
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
-  template = state_template(config, mode_and_mesh(config)[1])
-  state = jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
-                       template)
+  state = ones_state(config)
   with Checkpoints(RunDirectory(tmp_path), config, run_key(config)) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
@@ -584,6 +589,20 @@ def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_
     for epoch in (3, 4):  # Its epoch can be saved again.
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [3, 4] and (tmp_path / f'{DAMAGED_PREFIX}3').is_dir()
+
+
+def test_an_old_checkpoint_removed_by_hand_mid_run_is_no_warning(tmp_path, caplog):
+  config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
+  state = ones_state(config)
+  with caplog.at_level(logging.WARNING), Checkpoints(RunDirectory(tmp_path), config,
+                                                     run_key(config)) as checkpoints:
+    for epoch in (1, 2):
+      checkpoints.save(epoch, state, force=True)
+    checkpoints.wait()
+    shutil.rmtree(tmp_path / '1')  # Orbax deletes it with the next save: it finds it gone.
+    checkpoints.save(3, state, force=True)
+  assert saved_epochs(tmp_path) == [2, 3]
+  assert not [record for record in caplog.records if 'step 1' in record.getMessage()]
 
 
 def save_the_old_way(workdir, epoch: int, state, rng_data, config, **more) -> None:

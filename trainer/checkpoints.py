@@ -25,8 +25,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mlp import steps
-from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
-                    TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
+from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
+                    ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
 from errors import UserError, causes
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
@@ -205,6 +205,7 @@ class _OrbaxReports(logging.Filter):
 
   def __init__(self, directory: str):
     super().__init__()
+    self._directory = directory
     self._folder = os.path.join(directory, '')  # Not another folder whose name starts the same.
     for name in ('absl', 'asyncio'):
       logging.getLogger(name).addFilter(self)
@@ -214,10 +215,14 @@ class _OrbaxReports(logging.Filter):
     return any(self._folder in str(cause) for cause in causes(error))
 
   def filter(self, record: logging.LogRecord) -> bool:
-    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints, and
-    for orbax's warning of a folder without its step metadata (a damaged checkpoint, said as one)."""
+    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints, for
+    orbax's warning of a folder without its step metadata (a damaged checkpoint, said as one), and
+    for its warning that an old checkpoint to delete is gone already (removed by hand)."""
     message = record.getMessage()
     if ORBAX_NO_STEP_METADATA in message and self._folder in message:
+      return False
+    gone = ORBAX_STEP_GONE.search(message)
+    if gone and gone.group(1) == self._directory:
       return False
     return not (record.levelno >= logging.ERROR and (
         self._folder in message
