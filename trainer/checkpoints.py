@@ -306,10 +306,11 @@ class Checkpoints:
   """
 
   def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, run_key: jax.Array,
-               *, read_only: bool = False, primary: bool = True):
+               *, warn: Callable[[str], None], read_only: bool = False):
     self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
-    self._run_dir, self._read_only, self._primary = run_dir, read_only, primary
+    self._run_dir, self._read_only, self._warn = run_dir, read_only, warn
+    self._primary = primary = processes.is_primary()
     self._config = config_rules.flat_config(config)
     # The run's key (which a restore checks against the seed's), on the host: one copy of a
     # replicated one.
@@ -383,13 +384,12 @@ class Checkpoints:
     except OSError:  # The folder cannot be listed now: orbax's own record.
       return self.kept_epochs()
 
-  def restore(self, template: steps.TrainState,
-              warn: Callable[[str], None]) -> Restored | None:
+  def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
     Passes over only checkpoints whose damage can be named, and sets them aside unless reading
-    only (each said through `warn`, in Restored.warnings' words); raises UserError when the
+    only (each said as a warning, in Restored.warnings' words); raises UserError when the
     checkpoints come from another config or code, when one cannot be read for another reason (a
     transient I/O error: nothing is set aside), or when every one is damaged.
     """
@@ -414,7 +414,7 @@ class Checkpoints:
       moved = () if self._read_only else tuple(self.set_aside([e for e, _ in damaged]))  # Barrier.
       restored = Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
       for line in restored.warnings():  # The one place a restore's damage is said.
-        warn(line)
+        self._warn(line)
       return restored
     _none_restores(self.directory, damaged)
     return None
@@ -489,6 +489,21 @@ class Checkpoints:
     with self._save_failures_said():
       self._manager.wait_until_finished()
 
+  def _close_manager(self) -> None:
+    """Closes orbax's manager, which raises now a failed deletion of an old checkpoint (no more
+    are deleted after it): every checkpoint is saved, so the user is warned of those left over."""
+    kept = self.kept_epochs()
+    try:
+      self._manager.close()
+    except OSError as error:
+      left = [epoch for epoch in self._on_disk() if epoch not in kept]
+      if not left:
+        raise
+      self._warn(f'could not delete old checkpoints in {self.directory} ({error.strerror}): the '
+                 f'checkpoints of epochs {", ".join(map(str, left))} are still there beyond '
+                 f'max_checkpoints_to_keep={self._config["max_checkpoints_to_keep"]}; let this '
+                 'user delete them, or remove them by hand (every checkpoint was saved)')
+
   def __enter__(self) -> 'Checkpoints':
     return self
 
@@ -513,7 +528,7 @@ class Checkpoints:
     finally:
       try:
         with self._save_failures_said():
-          self._manager.close()
+          self._close_manager()
         for thread in self._cleanup:
           thread.join()
       finally:

@@ -79,7 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   over after `lock_stale_after` silent seconds.
   """
   with open_run(config, run_dir, lock_stale_after) as run:
-    restored = run.checkpoints.restore(run.epochs.template, run.reporter.warn)
+    restored = run.checkpoints.restore(run.epochs.template)
     start_epoch = restored.epoch if restored else 0
     if restored:
       _report_resume(run, restored)
