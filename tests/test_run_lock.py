@@ -126,8 +126,7 @@ def test_a_lock_whose_holder_was_killed_is_taken_over_at_once_saying_so(where, t
 
 @pytest.mark.slow
 def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_path, mnist_dir):
-  args = ['--config=configs/default.py', f'--workdir={tmp_path}',
-          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
+  args = six_epochs(tmp_path)
   first = start_train(args)
   try:
     wait_until(lambda: (tmp_path / METRICS_FILE).exists(), first)  # The first run is training.
@@ -146,16 +145,13 @@ def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_pa
     assert first.wait(timeout=300) == 0, first.stderr.read()
   finally:
     first.kill()
-  epochs = [int(line.split('"epoch": ')[1].split(',')[0])
-            for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
-  assert epochs == list(range(1, 7))  # The second run added none.
+  assert recorded_epochs(tmp_path) == list(range(1, 7))  # The second run added none.
 
 
 @pytest.mark.slow
 def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_one_goes_on(
     tmp_path, mnist_dir):
-  args = ['--config=configs/default.py', f'--workdir={tmp_path}',
-          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
+  args = six_epochs(tmp_path)
   first = start_train(args)
   try:
     wait_until(lambda: (tmp_path / '1').is_dir(), first)  # Epoch 1 is saved.
@@ -172,10 +168,18 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
     assert second.wait(timeout=300) == 0, second.stderr.read()
   finally:
     first.kill()
-  epochs = [int(line.split('"epoch": ')[1].split(',')[0])
-            for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
-  assert epochs == list(range(1, 7))  # Each epoch recorded once.
+  assert recorded_epochs(tmp_path) == list(range(1, 7))  # Each epoch recorded once.
   assert (tmp_path / LOCK_FILE).read_text() == ''  # Released by the run that went on.
+
+
+def six_epochs(workdir) -> list[str]:
+  return ['--config=configs/default.py', f'--workdir={workdir}',
+          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
+
+
+def recorded_epochs(workdir) -> list[int]:
+  return [int(line.split('"epoch": ')[1].split(',')[0])
+          for line in (workdir / METRICS_FILE).read_text().splitlines()]
 
 
 def start_train(args: list[str]) -> subprocess.Popen:
