@@ -30,6 +30,8 @@ ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
 # Orbax's warning of a step folder without its _CHECKPOINT_METADATA: not a checkpoint it wrote whole.
 ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
+# Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
+ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.
@@ -79,14 +81,16 @@ def _os_reason(text: str) -> str:
 IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))  # A folder for a file, or back.
 
 
-def write_failed(path: str, error: Exception, saved: bool | None = None) -> UserError:
+def write_failed(path: str, error: Exception, saved: list[int] | None = None) -> UserError:
   """A write the machine refused (full disk, lost permission, I/O error), as the user's one line.
 
-  `saved`: whether a checkpoint is there to resume from; None where the writer cannot tell.
+  `saved`: the epochs of the checkpoints a rerun finds, oldest first; None where none is resumed
+  (not a run's write) or the writer cannot tell.
   """
   reason = getattr(error, 'strerror', None) or _os_reason(str(error))
-  then = {True: ' to resume from the newest checkpoint',
-          False: ' to start again: no checkpoint is there to resume from', None: ''}[saved]
+  then = ('' if saved is None else
+          f' to resume from the newest checkpoint (epoch {saved[-1]})' if saved else
+          ' to start again: no checkpoint is there to resume from')
   fix = ('move the folder or file in its way out of it' if reason in IN_THE_WAY
          else 'free space or restore access there')
   return UserError(f'cannot write {path} ({reason}); {fix}, then rerun the same command{then}')

@@ -31,6 +31,7 @@ from data.mnist import load_split
 from errors import UserError, fail
 from mlp import steps
 from trainer import checkpoints as checkpoint
+from trainer import reporting
 from trainer.run_dir import RunDirectory
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
@@ -114,7 +115,7 @@ def time_restores(checkpoints: checkpoint.Checkpoints, template: steps.TrainStat
   restores, fingerprints = [], []
   for _ in range(REPEATS.value):
     start = time.perf_counter()
-    restored = checkpoints.restore(template, lambda _: None)
+    restored = checkpoints.restore(template)
     assert restored is not None, 'the checkpoint just saved'
     restores.append(time.perf_counter() - start)
     start = time.perf_counter()
@@ -136,8 +137,8 @@ def measure(data_dir: str) -> None:
   training.train()  # Warm-up.
   template = training.trainer.template
   with tempfile.TemporaryDirectory() as workdir:
-    with checkpoint.Checkpoints(RunDirectory(workdir), config,
-                                training.trainer.run_key) as checkpoints:
+    with checkpoint.Checkpoints(RunDirectory(workdir), config, training.trainer.run_key,
+                                warn=reporting.warn) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)
       plain, saving = time_epochs(checkpoints, training)
       restores, fingerprints, epoch = time_restores(checkpoints, template,

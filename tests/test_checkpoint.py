@@ -78,8 +78,9 @@ def run_key(config):
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
   template = state_template(config, mode_and_mesh(config)[1])
-  with Checkpoints(RunDirectory(workdir), config, run_key(config), read_only=True) as checkpoints:
-    return checkpoints.restore(template, warn=lambda _: None)
+  with Checkpoints(RunDirectory(workdir), config, run_key(config), warn=lambda _: None,
+                   read_only=True) as checkpoints:
+    return checkpoints.restore(template)
 
 
 def assert_same_params(workdir, reference, config):
@@ -176,7 +177,7 @@ def test_checkpoints_closed_before_any_save_wait_for_orbaxs_cleanup_of_half_writ
   islink = os.path.islink
   monkeypatch.setattr(os.path, 'islink', lambda path: time.sleep(0.2) or islink(path))
   config, before = make_config(**SMALL), set(threading.enumerate())
-  saved = Checkpoints(RunDirectory(small_copy), config, keys_of(config)[1])
+  saved = Checkpoints(RunDirectory(small_copy), config, keys_of(config)[1], warn=pytest.fail)
   started = [t for t in threading.enumerate() if t not in before and not t.daemon]
   assert any(t.is_alive() for t in started)  # Orbax's look, still under way.
   saved.close()
@@ -349,10 +350,10 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   config = make_config(**SMALL)
   other = make_config(**SMALL, model__hidden_sizes=(64,))
   before = snapshot(small_copy)
-  with Checkpoints(RunDirectory(small_copy), config, run_key(config),
+  with Checkpoints(RunDirectory(small_copy), config, run_key(config), warn=pytest.fail,
                    read_only=True) as checkpoints:
     with pytest.raises(UserError) as error:
-      checkpoints.restore(state_template(other, mode_and_mesh(other)[1]), lambda _: None)
+      checkpoints.restore(state_template(other, mode_and_mesh(other)[1]))
   message = str(error.value)
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')
@@ -570,20 +571,62 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
     assert_same_params(tmp_path / run, small_run, config)
 
 
+def ones_state(config):
+  """A state of the config's shapes and placement, every value one: quick to save."""
+  template = state_template(config, mode_and_mesh(config)[1])
+  return jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
+                      template)
+
+
 def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_aside(tmp_path):
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
-  template = state_template(config, mode_and_mesh(config)[1])
-  state = jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
-                       template)
-  with Checkpoints(RunDirectory(tmp_path), config, run_key(config)) as checkpoints:
+  state = ones_state(config)
+  with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
+                   warn=pytest.fail) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [2, 3]  # Deleted in the background, done once closed.
-  with Checkpoints(RunDirectory(tmp_path), config, run_key(config)) as checkpoints:
+  with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
+                   warn=pytest.fail) as checkpoints:
     assert checkpoints.set_aside([3]) == [str(tmp_path / f'{DAMAGED_PREFIX}3')]
     for epoch in (3, 4):  # Its epoch can be saved again.
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [3, 4] and (tmp_path / f'{DAMAGED_PREFIX}3').is_dir()
+
+
+def test_an_old_checkpoint_removed_by_hand_mid_run_is_no_warning(tmp_path, caplog):
+  config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
+  state = ones_state(config)
+  with caplog.at_level(logging.WARNING), Checkpoints(
+      RunDirectory(tmp_path), config, run_key(config), warn=pytest.fail) as checkpoints:
+    for epoch in (1, 2):
+      checkpoints.save(epoch, state, force=True)
+    checkpoints.wait()
+    shutil.rmtree(tmp_path / '1')  # Orbax deletes it with the next save: it finds it gone.
+    checkpoints.save(3, state, force=True)
+  assert saved_epochs(tmp_path) == [2, 3]
+  assert not [record for record in caplog.records if 'step 1' in record.getMessage()]
+
+
+def test_old_checkpoints_that_cannot_be_deleted_are_one_warning_naming_them(tmp_path, monkeypatch):
+  config = make_config(max_checkpoints_to_keep=1, model__hidden_sizes=(8,))
+  state, rmtree = ones_state(config), shutil.rmtree
+
+  def refused(path, *args, **kwargs):  # What a user who may not write into 1/ meets.
+    if os.path.basename(os.fspath(path)) == '1':
+      raise PermissionError(errno.EACCES, 'Permission denied', '_CHECKPOINT_METADATA')
+    rmtree(path, *args, **kwargs)
+  monkeypatch.setattr(shutil, 'rmtree', refused)
+  warnings = []
+  with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
+                   warn=warnings.append) as checkpoints:
+    for epoch in (1, 2, 3):
+      checkpoints.save(epoch, state, force=True)
+  assert saved_epochs(tmp_path) == [1, 2, 3]  # Orbax deletes no more after a failed deletion.
+  assert warnings == [
+      f'could not delete old checkpoints in {tmp_path} (Permission denied): the checkpoints of '
+      'epochs 1, 2 are still there beyond max_checkpoints_to_keep=1; let this user delete them, or '
+      'remove them by hand (every checkpoint was saved)']
 
 
 def save_the_old_way(workdir, epoch: int, state, rng_data, config, **more) -> None:
@@ -824,7 +867,8 @@ def test_a_disk_full_at_a_metrics_write_ends_in_one_line_leaves_no_partial_file_
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
   assert str(error.value) == (f'cannot write {tmp_path}/{METRICS_FILE} (No space left on device); '
-                              'free space or restore access there, then rerun the same command')
+                              'free space or restore access there, then rerun the same command to '
+                              'resume from the newest checkpoint (epoch 1)')
   # What a run writes, and nothing half-written: epoch 1's records and checkpoint, its events.
   names = sorted(p.name for p in tmp_path.iterdir())
   assert [n for n in names if not n.startswith('events.out.tfevents.')] == [
@@ -841,7 +885,8 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   unraisable = []
   monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
   array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
-  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config(), run_key(make_config()))
+  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config(), run_key(make_config()),
+                            warn=pytest.fail)
   loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
   def shown(message: str, exception: Exception) -> list[bool]:

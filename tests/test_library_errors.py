@@ -9,9 +9,11 @@ guess by the typo of tests/test_cli.py. The rest are provoked here.
 
 import asyncio
 import logging
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
@@ -37,6 +39,16 @@ def test_orbax_warns_of_a_step_folder_without_its_metadata_as_recognized(tmp_pat
   with caplog.at_level(logging.WARNING):
     ocp.CheckpointManager(str(tmp_path), options=ocp.CheckpointManagerOptions(create=False)).close()
   assert orbax_step_metadata_warnings(caplog.records, tmp_path / '7')
+
+
+def test_orbax_warns_of_a_checkpoint_to_delete_that_is_gone_as_recognized(tmp_path, caplog):
+  options = ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=False)
+  with caplog.at_level(logging.WARNING), ocp.CheckpointManager(tmp_path, options=options) as saved:
+    saved.save(1, args=ocp.args.StandardSave({'w': np.ones(2)}))
+    shutil.rmtree(tmp_path / '1')
+    saved.save(2, args=ocp.args.StandardSave({'w': np.ones(2)}))
+  gone = [errors.ORBAX_STEP_GONE.search(r.getMessage()) for r in caplog.records]
+  assert [found.group(1) for found in gone if found] == [str(tmp_path)]
 
 
 # A program compiled with the cache in a folder below a file: JAX warns that it cannot read it.

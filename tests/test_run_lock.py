@@ -57,6 +57,37 @@ def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refuse
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
 
+def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
+  warnings = []
+  with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:
+    (tmp_path / LOCK_FILE).unlink()
+    assert not lock.lost()
+    assert warnings == [f'the run lock {tmp_path / LOCK_FILE} was removed while this run held it; '
+                        'this run took it again (leave run.lock in place while a run uses its '
+                        'directory)']
+    assert (tmp_path / LOCK_FILE).read_text() == f'host {socket.gethostname()}, pid {os.getpid()}\n'
+    with pytest.raises(UserError, match='is in use by a training run'):  # Held again.
+      with RunLock(RunDirectory(tmp_path)):
+        pass
+    assert not lock.lost() and len(warnings) == 1
+  assert (tmp_path / LOCK_FILE).read_text() == ''
+
+
+def test_a_run_whose_removed_lock_another_run_took_stops_and_leaves_that_lock(tmp_path):
+  with RunLock(RunDirectory(tmp_path)) as first:
+    (tmp_path / LOCK_FILE).unlink()
+    with RunLock(RunDirectory(tmp_path)) as second:  # A newcomer finds no lock: the run is its.
+      with pytest.raises(UserError) as error:
+        first.check()
+      assert str(error.value) == (
+          f'another training run took the run directory {tmp_path} after its run lock was removed '
+          'by hand; this run stops without writing more, and that one goes on (leave run.lock in '
+          'place while a run uses its directory)')
+      second.check()
+      first.release()
+      assert (tmp_path / LOCK_FILE).read_text().startswith('host ')  # Still the newcomer's.
+
+
 def hold(workdir, stale_after: float = 120) -> subprocess.Popen:
   """Another process holding the run lock of `workdir` until killed."""
   holder = subprocess.Popen([sys.executable, '-c', HOLD, str(workdir), str(stale_after)], cwd=ROOT,
@@ -95,15 +126,10 @@ def test_a_lock_whose_holder_was_killed_is_taken_over_at_once_saying_so(where, t
 
 @pytest.mark.slow
 def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_path, mnist_dir):
-  args = ['--config=configs/default.py', f'--workdir={tmp_path}',
-          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
-  first = subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  args = six_epochs(tmp_path)
+  first = start_train(args)
   try:
-    deadline = time.monotonic() + 120
-    while not (tmp_path / METRICS_FILE).exists():  # The first run is training.
-      assert time.monotonic() < deadline and first.poll() is None
-      time.sleep(0.1)
+    wait_until(lambda: (tmp_path / METRICS_FILE).exists(), first)  # The first run is training.
     first.send_signal(signal.SIGSTOP)  # Alive and holding the run directory, however fast it is.
     start = time.monotonic()
     try:
@@ -119,9 +145,54 @@ def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_pa
     assert first.wait(timeout=300) == 0, first.stderr.read()
   finally:
     first.kill()
-  epochs = [int(line.split('"epoch": ')[1].split(',')[0])
-            for line in (tmp_path / METRICS_FILE).read_text().splitlines()]
-  assert epochs == list(range(1, 7))  # The second run added none.
+  assert recorded_epochs(tmp_path) == list(range(1, 7))  # The second run added none.
+
+
+@pytest.mark.slow
+def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_one_goes_on(
+    tmp_path, mnist_dir):
+  args = six_epochs(tmp_path)
+  first = start_train(args)
+  try:
+    wait_until(lambda: (tmp_path / '1').is_dir(), first)  # Epoch 1 is saved.
+    first.send_signal(signal.SIGSTOP)
+    (tmp_path / LOCK_FILE).unlink()
+    second = start_train(args)
+    wait_until(lambda: '"epoch": 2' in (tmp_path / METRICS_FILE).read_text(), second)
+    first.send_signal(signal.SIGCONT)
+    assert first.wait(timeout=120) == 1
+    assert first.stderr.read().splitlines() == [
+        f'error: another training run took the run directory {tmp_path} after its run lock was '
+        'removed by hand; this run stops without writing more, and that one goes on (leave '
+        'run.lock in place while a run uses its directory)']
+    assert second.wait(timeout=300) == 0, second.stderr.read()
+  finally:
+    first.kill()
+  assert recorded_epochs(tmp_path) == list(range(1, 7))  # Each epoch recorded once.
+  assert (tmp_path / LOCK_FILE).read_text() == ''  # Released by the run that went on.
+
+
+def six_epochs(workdir) -> list[str]:
+  return ['--config=configs/default.py', f'--workdir={workdir}',
+          *override_flags(num_epochs=6, data__train_split='train[:2000]')]
+
+
+def recorded_epochs(workdir) -> list[int]:
+  return [int(line.split('"epoch": ')[1].split(',')[0])
+          for line in (workdir / METRICS_FILE).read_text().splitlines()]
+
+
+def start_train(args: list[str]) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def wait_until(condition, process: subprocess.Popen, timeout: float = 120) -> None:
+  """Polls `condition` while `process` runs."""
+  deadline = time.monotonic() + timeout
+  while not condition():
+    assert time.monotonic() < deadline and process.poll() is None
+    time.sleep(0.05)
 
 
 def lock_text(url: str) -> str:

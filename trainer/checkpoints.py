@@ -25,8 +25,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mlp import steps
-from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_TREE_MISMATCH,
-                    TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
+from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
+                    ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
 from errors import UserError, causes
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
@@ -205,6 +205,7 @@ class _OrbaxReports(logging.Filter):
 
   def __init__(self, directory: str):
     super().__init__()
+    self._directory = directory
     self._folder = os.path.join(directory, '')  # Not another folder whose name starts the same.
     for name in ('absl', 'asyncio'):
       logging.getLogger(name).addFilter(self)
@@ -214,10 +215,14 @@ class _OrbaxReports(logging.Filter):
     return any(self._folder in str(cause) for cause in causes(error))
 
   def filter(self, record: logging.LogRecord) -> bool:
-    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints, and
-    for orbax's warning of a folder without its step metadata (a damaged checkpoint, said as one)."""
+    """False for an error report of orbax (absl's logger) or asyncio naming these checkpoints, for
+    orbax's warning of a folder without its step metadata (a damaged checkpoint, said as one), and
+    for its warning that an old checkpoint to delete is gone already (removed by hand)."""
     message = record.getMessage()
     if ORBAX_NO_STEP_METADATA in message and self._folder in message:
+      return False
+    gone = ORBAX_STEP_GONE.search(message)
+    if gone and gone.group(1) == self._directory:
       return False
     return not (record.levelno >= logging.ERROR and (
         self._folder in message
@@ -301,10 +306,11 @@ class Checkpoints:
   """
 
   def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, run_key: jax.Array,
-               *, read_only: bool = False, primary: bool = True):
+               *, warn: Callable[[str], None], read_only: bool = False):
     self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
-    self._run_dir, self._read_only, self._primary = run_dir, read_only, primary
+    self._run_dir, self._read_only, self._warn = run_dir, read_only, warn
+    self._primary = primary = processes.is_primary()
     self._config = config_rules.flat_config(config)
     # The run's key (which a restore checks against the seed's), on the host: one copy of a
     # replicated one.
@@ -367,9 +373,8 @@ class Checkpoints:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
-      failed = str(self._run_dir.refused_write('', error, saved=bool(kept)))
-      raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
+      # What a rerun finds: the run directory may have been removed.
+      raise self._run_dir.refused_write('', error, saved=self._on_disk()) from error
 
   def _on_disk(self) -> list[int]:
     """The complete checkpoints in the folder, else those orbax knows of (less a failed save's)."""
@@ -378,13 +383,12 @@ class Checkpoints:
     except OSError:  # The folder cannot be listed now: orbax's own record.
       return self.kept_epochs()
 
-  def restore(self, template: steps.TrainState,
-              warn: Callable[[str], None]) -> Restored | None:
+  def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
 
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
     Passes over only checkpoints whose damage can be named, and sets them aside unless reading
-    only (each said through `warn`, in Restored.warnings' words); raises UserError when the
+    only (each said as a warning, in Restored.warnings' words); raises UserError when the
     checkpoints come from another config or code, when one cannot be read for another reason (a
     transient I/O error: nothing is set aside), or when every one is damaged.
     """
@@ -409,7 +413,7 @@ class Checkpoints:
       moved = () if self._read_only else tuple(self.set_aside([e for e, _ in damaged]))  # Barrier.
       restored = Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
       for line in restored.warnings():  # The one place a restore's damage is said.
-        warn(line)
+        self._warn(line)
       return restored
     _none_restores(self.directory, damaged)
     return None
@@ -484,6 +488,21 @@ class Checkpoints:
     with self._save_failures_said():
       self._manager.wait_until_finished()
 
+  def _close_manager(self) -> None:
+    """Closes orbax's manager, which raises now a failed deletion of an old checkpoint (no more
+    are deleted after it): every checkpoint is saved, so the user is warned of those left over."""
+    kept = self.kept_epochs()
+    try:
+      self._manager.close()
+    except OSError as error:
+      left = [epoch for epoch in self._on_disk() if epoch not in kept]
+      if not left:
+        raise
+      self._warn(f'could not delete old checkpoints in {self.directory} ({error.strerror}): the '
+                 f'checkpoints of epochs {", ".join(map(str, left))} are still there beyond '
+                 f'max_checkpoints_to_keep={self._config["max_checkpoints_to_keep"]}; let this '
+                 'user delete them, or remove them by hand (every checkpoint was saved)')
+
   def __enter__(self) -> 'Checkpoints':
     return self
 
@@ -508,7 +527,7 @@ class Checkpoints:
     finally:
       try:
         with self._save_failures_said():
-          self._manager.close()
+          self._close_manager()
         for thread in self._cleanup:
           thread.join()
       finally:

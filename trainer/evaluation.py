@@ -68,7 +68,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory
   if not run_dir.exists():
     raise missing
   with open_run(config, run_dir, evaluate_only=True) as run:  # Leaves a live run's files be.
-    restored = run.checkpoints.restore(run.epochs.template, run.reporter.warn)
+    restored = run.checkpoints.restore(run.epochs.template)
     if restored is None:
       raise missing
     record = _score(run, restored)
@@ -111,8 +111,8 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
   config = config_rules.config_from_flat(flat)
   config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
   run_key = keys_of(config)[1]  # What the saved run key is checked against.
-  with Checkpoints(run_dir, config, run_key, read_only=True) as saved:
-    restored = saved.restore(state_template(config, make_mesh('jit')), warn)
+  with Checkpoints(run_dir, config, run_key, warn=warn, read_only=True) as saved:
+    restored = saved.restore(state_template(config, make_mesh('jit')))
   if restored is None:
     raise missing
   return config, restored

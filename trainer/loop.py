@@ -79,7 +79,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   over after `lock_stale_after` silent seconds.
   """
   with open_run(config, run_dir, lock_stale_after) as run:
-    restored = run.checkpoints.restore(run.epochs.template, run.reporter.warn)
+    restored = run.checkpoints.restore(run.epochs.template)
     start_epoch = restored.epoch if restored else 0
     if restored:
       _report_resume(run, restored)
@@ -121,11 +121,12 @@ def _report_start(run: Run) -> None:
 def _end_epoch(run: Run, record: dict[str, float], signal_name: str | None) -> str | None:
   """Checks the epoch before it is recorded; the signal that stops the run, if any process got one."""
   _check_finite(record, run.checkpoints.kept_epochs())
-  run.checkpoints.check()  # A background save that failed stops the run here.
   # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
   assert run.lock is not None, 'a training run holds its lock'
   stop, lock_lost = processes.agree_at_epoch_end(signal_name, run.lock.lost())
-  run.lock.check(lock_lost)  # A lock another run took over stops it too: it must write no more.
+  # A lock another run took over stops the run first: that run explains a save of this one's failing.
+  run.lock.check(lock_lost)
+  run.checkpoints.check()  # A background save that failed stops the run here.
   run.reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
   return stop
 

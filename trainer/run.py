@@ -291,5 +291,5 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
       processes.check_shared_directory(run_dir)
     epochs = compile_epochs(config, train[0] if train else None, examples, where)
     checkpoints = stack.enter_context(Checkpoints(run_dir, config, epochs.run_key,
-                                                  read_only=evaluate_only, primary=primary))
+                                                  warn=reporter.warn, read_only=evaluate_only))
     yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)

@@ -86,13 +86,17 @@ class RunDirectory:
                       'be written to')
 
   def refused_write(self, name: str, error: OSError | ValueError,
-                    saved: bool | None = None) -> UserError:
-    """A refused write of `name` (the folder itself: '') as the user's one line; a local run
-    directory that is gone, removed or moved while the run wrote there, is named as such."""
+                    saved: list[int] | None = None) -> UserError:
+    """A refused write of `name` (the folder itself: '') as the user's one line, with the checkpoint
+    a rerun resumes from: of `saved`, else of those listed here (none named where the folder cannot
+    be listed). A local run directory that is gone, removed or moved mid-run, is named as such."""
     if not self.remote and not self.exists():
       return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
                        'there; move it back and rerun the same command to resume, or rerun it to '
                        'start again')
+    if saved is None:
+      with contextlib.suppress(OSError):  # The folder cannot be listed now: no epoch promised.
+        saved = self.checkpoint_epochs()
     return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_not_a_file(self) -> None:
@@ -198,8 +202,12 @@ def _taken_over(workdir: 'RunDirectory', holder: str) -> str:
           f'lock ({holder}; that process is gone)')
 
 
-def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> UserError:
-  return UserError(f'the run directory {workdir} is in use by a training run ({holder}{note}); '
+class Busy(UserError):
+  """The run directory is another run's."""
+
+
+def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> Busy:
+  return Busy(f'the run directory {workdir} is in use by a training run ({holder}{note}); '
                    'wait for it to end or stop it, or pass another --workdir')
 
 
@@ -241,7 +249,25 @@ class _Flock:
       self._file = None
 
   def lost(self) -> bool:
-    return False
+    """Whether the lock file was removed or replaced by hand and another run holds the new one: a
+    lock on a file gone from its path stops no newcomer. A new file nobody holds is taken."""
+    held = self._file
+    if held is None or self._in_place(held):
+      return False
+    refusal = self.take()
+    if refusal is None:
+      held.close()
+      self._warn(f'the run lock {self._path} was removed while this run held it; this run took it '
+                 'again (leave run.lock in place while a run uses its directory)')
+    return isinstance(refusal, Busy)
+
+  def _in_place(self, held: TextIO) -> bool:
+    try:
+      return os.path.samestat(os.fstat(held.fileno()), os.stat(self._path))
+    except FileNotFoundError:
+      return False
+    except OSError:  # No access to look: nothing says it moved.
+      return True
 
 
 class _ObjectLock:
@@ -358,16 +384,22 @@ class RunLock:
     return self
 
   def lost(self) -> bool:
-    """Whether another run took over the lock this process holds (on Cloud Storage only)."""
+    """Whether another run took over the lock this process holds."""
     return self._enabled and self._holder.lost()
 
   def check(self, lost: bool | None = None) -> None:
     """Stops a run whose lock another run took over, before it writes again: `lost` as every
     process agreed it (processes.agree_at_epoch_end), else as this process sees it."""
-    if self.lost() if lost is None else lost:
-      raise UserError(f'another training run took over the run directory {self._workdir} while '
-                      'this one could not refresh its lock (paused, or cut off from Cloud '
-                      'Storage); this run stops without writing more')
+    if not (self.lost() if lost is None else lost):
+      return
+    if not self._workdir.remote:
+      raise UserError(f'another training run took the run directory {self._workdir} after its '
+                      f'run lock was removed by hand; this run stops without writing more, and '
+                      f'that one goes on (leave {LOCK_FILE} in place while a run uses its '
+                      'directory)')
+    raise UserError(f'another training run took over the run directory {self._workdir} while '
+                    'this one could not refresh its lock (paused, or cut off from Cloud '
+                    'Storage); this run stops without writing more')
 
   def __exit__(self, *exc_info) -> None:
     self.release()
