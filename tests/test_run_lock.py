@@ -258,6 +258,20 @@ def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
   assert lock_text(workdir) == 'host elsewhere, pid 1\n'  # Not emptied: it is the other run's.
 
 
+def test_on_cloud_storage_a_lock_removed_by_hand_is_taken_again_saying_so(bucket):
+  workdir, warnings = f'{bucket}/run', []
+  with RunLock(RunDirectory(workdir), stale_after=0.8, warn=warnings.append) as lock:
+    from google.cloud import storage  # pylint: disable=g-import-not-at-top
+    storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').delete()
+    time.sleep(0.5)  # The next refresh finds it gone.
+    lock.check()
+    assert lock_text(workdir).startswith(f'host {socket.gethostname()}, pid {os.getpid()}')
+    assert warnings == [f'the run lock {workdir}/{LOCK_FILE} was removed while this run held it; '
+                        'this run took it again (leave run.lock in place while a run uses its '
+                        'directory)']
+  assert lock_text(workdir) == ''
+
+
 def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
   with pytest.raises(UserError, match='the bucket gs://no-such-bucket of --workdir=gs://no-such-'
                                       'bucket/run does not exist; create it'):

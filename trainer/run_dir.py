@@ -206,6 +206,11 @@ class Busy(UserError):
   """The run directory is another run's."""
 
 
+def _taken_again(lock: str) -> str:
+  return (f'the run lock {lock} was removed while this run held it; this run took it again (leave '
+          f'{LOCK_FILE} in place while a run uses its directory)')
+
+
 def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> Busy:
   return Busy(f'the run directory {workdir} is in use by a training run ({holder}{note}); '
                    'wait for it to end or stop it, or pass another --workdir')
@@ -257,8 +262,7 @@ class _Flock:
     refusal = self.take()
     if refusal is None:
       held.close()
-      self._warn(f'the run lock {self._path} was removed while this run held it; this run took it '
-                 'again (leave run.lock in place while a run uses its directory)')
+      self._warn(_taken_again(self._path))
     return isinstance(refusal, Busy)
 
   def _in_place(self, held: TextIO) -> bool:
@@ -326,9 +330,13 @@ class _ObjectLock:
   def _keep_fresh(self) -> None:
     while not self._stop.wait(self._stale_after / 4):
       try:
-        if not self._write(expected=self._generation):
-          self._lost.set()  # Another run took it over: this run must not write on.
-          return
+        if self._write(expected=self._generation):
+          continue
+        if self._write(expected=0):  # It was removed by hand, and no other run took it.
+          self._warn(_taken_again(self._workdir.file(LOCK_FILE)))
+          continue
+        self._lost.set()  # Another run took it over: this run must not write on.
+        return
       except Exception:  # pylint: disable=broad-except; a network blip: the next beat retries.
         continue
 
@@ -398,8 +406,8 @@ class RunLock:
                       f'that one goes on (leave {LOCK_FILE} in place while a run uses its '
                       'directory)')
     raise UserError(f'another training run took over the run directory {self._workdir} while '
-                    'this one could not refresh its lock (paused, or cut off from Cloud '
-                    'Storage); this run stops without writing more')
+                    'this one could not refresh its lock (paused, or cut off from Cloud Storage) '
+                    'or after it was removed by hand; this run stops without writing more')
 
   def __exit__(self, *exc_info) -> None:
     self.release()
