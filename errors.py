@@ -32,6 +32,10 @@ ORBAX_TREE_MISMATCH = re.compile(
 ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
 # Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
 ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)
+# XLA's words when a device (on the CPU, the machine) cannot allocate a buffer: 'RESOURCE_EXHAUSTED:
+# Out of memory while trying to allocate N bytes' or '... Failed to allocate request for ...' on a
+# GPU, 'Out of memory allocating N bytes' on the CPU (after 'INTERNAL: ...' from a running program).
+DEVICE_OUT_OF_MEMORY = re.compile(r'RESOURCE_EXHAUSTED|Out of memory')
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.

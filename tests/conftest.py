@@ -85,6 +85,13 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300,
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def address_space(limit: int):
+  """For subprocess's preexec_fn: the child may map at most `limit` bytes, so that an allocation
+  past it fails at once, on any machine (however its kernel overcommits)."""
+  import resource  # pylint: disable=g-import-not-at-top; POSIX only, as the tests that use it
+  return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
                          env: dict | None = None) -> None:
   """train.py given a mistake: non-zero exit, one line `error: ...` naming it, the workdir as it was."""

@@ -14,8 +14,8 @@ from absl import flags
 
 import train
 from errors import UserError, say
-from tests.conftest import (ROOT, assert_fails_cleanly, make_config, override_flags, read_metrics,
-                            run_train)
+from tests.conftest import (ROOT, address_space, assert_fails_cleanly, make_config, override_flags,
+                            read_metrics, run_train)
 from trainer import config_rules
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
@@ -288,3 +288,19 @@ def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_r
   assert out.returncode == 0 and out.stderr == '', out.stderr
   assert 'resumed from epoch' in out.stdout
   assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_a_model_too_big_for_the_machine_is_one_line_naming_what_to_lower(tmp_path, mnist_dir):
+  workdir = tmp_path / 'run'
+  args = [CONFIG, f'--workdir={workdir}', *override_flags(
+      num_epochs=1, data__train_split='train[:2000]', model__hidden_sizes=(60000, 60000))]
+  out = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, preexec_fn=address_space(12 << 30))
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1, out.stderr  # 14.4 GB of weights in 12 GB.
+  assert lines[0].startswith('error: this machine ran out of memory (') and 'Out of memory' in lines[0]
+  assert lines[0].endswith('); lower batch_size, eval_batch_size, num_models or model.hidden_sizes '
+                           '(in a new --workdir), or use a device with more memory')
+  assert (workdir / 'run.lock').read_text() == '' and not list(workdir.glob('[0-9]*'))
+

@@ -16,7 +16,7 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples, load_splits
-from errors import ConfigError
+from errors import DEVICE_OUT_OF_MEMORY, ConfigError, UserError
 from mlp import augment, batches, epoch, optim, steps
 from mlp.model import MLP
 from trainer import processes
@@ -283,6 +283,7 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   if primary:
     run_dir.make()  # Before the lock, whose file is in it.
   with contextlib.ExitStack() as stack:
+    stack.enter_context(device_memory_said())  # Entered first: said once the rest has closed.
     lock = None
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
       lock = stack.enter_context(RunLock(
@@ -293,3 +294,20 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
     checkpoints = stack.enter_context(Checkpoints(run_dir, config, epochs.run_key,
                                                   warn=reporter.warn, read_only=evaluate_only))
     yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)
+
+
+@contextlib.contextmanager
+def device_memory_said() -> Iterator[None]:
+  """A device out of memory (on the CPU, the machine) as the user's one line, not XLA's traceback:
+  a config too big for it, which only smaller batches or models fit."""
+  try:
+    yield
+  except jax.errors.JaxRuntimeError as error:
+    if not DEVICE_OUT_OF_MEMORY.search(str(error)):
+      raise
+    backend = jax.default_backend()
+    device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
+    reason = ' '.join((str(error).strip().splitlines() or [''])[0].split())
+    raise UserError(f'{device} ran out of memory ({reason}); lower batch_size, eval_batch_size, '
+                    'num_models or model.hidden_sizes (in a new --workdir), or use a device with '
+                    'more memory') from error
