@@ -244,13 +244,14 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
   """Checks the config, joins the other processes and sets up the compilation cache, before any
   computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
   # pylint: disable=g-import-not-at-top; after flags, so --help and flag errors stay fast
-  from trainer import compile_cache, config_rules, processes, reporting
+  from trainer import backend, compile_cache, config_rules, processes, reporting
   try:
     config_rules.validate(config)
     launch = processes.Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               _DISTRIBUTED.value, _INIT_TIMEOUT.value)
     # From a watchdog thread, where sys.exit would end only the thread.
     joined = processes.join_run(launch, give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    backend.start()  # After joining: JAX joins no run once its backend has started.
   except UserError as error:
     fail(advice(error), 1)
   if joined:

@@ -73,6 +73,33 @@ def test_bad_input_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_di
   assert not (ROOT / 'checkpoints' / 'nope').exists()
 
 
+INSTALL_OR_UNSET = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), or '
+                    'unset JAX_PLATFORMS to run on the devices JAX finds')
+
+
+@pytest.mark.parametrize('platforms, expected', [
+    ('cuda', f'error: JAX has no backend for JAX_PLATFORMS=cuda; {INSTALL_OR_UNSET}'),
+    ('tpu', 'error: JAX could not start its tpu backend (INTERNAL: Failed to open libtpu.so: '),
+])
+def test_a_backend_that_jax_cannot_start_is_one_line_naming_the_fix(platforms, expected, tmp_path):
+  """A CPU-only install asked for an accelerator: no plugin (cuda), no libtpu (tpu)."""
+  assert_fails_cleanly([CONFIG], expected, tmp_path / 'run', env={'JAX_PLATFORMS': platforms})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('script, args', [('predict.py', ['docs/digits']),
+                                          ('export.py', ['--out=OUT'])])
+def test_predict_and_export_say_a_backend_that_jax_cannot_start_in_one_line(script, args, tmp_path):
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  args = [arg.replace('OUT', str(tmp_path / 'export')) for arg in args]
+  out = run_train(f'--workdir={workdir}', *args, script=script, env={'JAX_PLATFORMS': 'cuda'})
+  assert out.returncode == 1 and out.stdout == ''
+  assert out.stderr.splitlines() == [
+      f'error: JAX has no backend for JAX_PLATFORMS=cuda; {INSTALL_OR_UNSET}']
+  assert os.listdir(tmp_path) == ['run']
+
+
 # Config mistakes, checked in-process: the line train.py prints is advice(error). Each names the
 # field, the value given and the flag that fixes it; the wording around them is free to change.
 BAD_CONFIGS = {

@@ -9,7 +9,7 @@ import numpy as np
 from errors import UserError
 from mlp import epoch as epoch_lib
 from mlp import steps
-from trainer import checkpoints, config_rules, pictures, reporting
+from trainer import backend, checkpoints, config_rules, pictures, reporting
 from trainer.checkpoints import Checkpoints, Restored
 from trainer.run import Run, keys_of, make_mesh, open_run, state_template
 from trainer.run_dir import RunDirectory
@@ -105,6 +105,7 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
   missing = _no_checkpoint(run_dir, '; pass the --workdir of a trained run, or train one first: '
                            f'python train.py --config=configs/quick.py --workdir={run_dir}')
   run_dir.check_not_a_file()
+  backend.start()
   flat = checkpoints.saved_config(run_dir)
   if flat is None:
     raise missing
