@@ -85,11 +85,11 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300,
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def address_space(limit: int):
-  """For subprocess's preexec_fn: the child may map at most `limit` bytes, so that an allocation
-  past it fails at once, on any machine (however its kernel overcommits)."""
-  import resource  # pylint: disable=g-import-not-at-top; POSIX only, as the tests that use it
-  return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def limit_address_space(limit: int) -> str:
+  """Python that lets its process map at most `limit` bytes, so that an allocation past it fails at
+  once on any machine, however its kernel overcommits. Run in the child itself: a preexec_fn can
+  deadlock a test process that runs JAX's threads."""
+  return f'import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n'
 
 
 def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,

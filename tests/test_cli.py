@@ -14,8 +14,8 @@ from absl import flags
 
 import train
 from errors import UserError, say
-from tests.conftest import (ROOT, address_space, assert_fails_cleanly, make_config, override_flags,
-                            read_metrics, run_train)
+from tests.conftest import (ROOT, assert_fails_cleanly, limit_address_space, make_config,
+                            override_flags, read_metrics, run_train)
 from trainer import config_rules
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
@@ -322,8 +322,10 @@ def test_a_model_too_big_for_the_machine_is_one_line_naming_what_to_lower(tmp_pa
   workdir = tmp_path / 'run'
   args = [CONFIG, f'--workdir={workdir}', *override_flags(
       num_epochs=1, data__train_split='train[:2000]', model__hidden_sizes=(60000, 60000))]
-  out = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, preexec_fn=address_space(12 << 30))
+  limited = limit_address_space(12 << 30) + (
+      'import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
+  out = subprocess.run([sys.executable, '-c', limited, 'train.py', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1, out.stderr  # 14.4 GB of weights in 12 GB.
   assert lines[0].startswith('error: this machine ran out of memory (') and 'Out of memory' in lines[0]

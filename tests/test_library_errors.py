@@ -18,7 +18,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import errors
-from tests.conftest import ROOT, address_space
+from tests.conftest import ROOT, limit_address_space
 
 
 def test_asyncio_words_a_closed_loop_as_recognized():
@@ -77,12 +77,11 @@ def test_jax_words_a_cache_it_cannot_use_as_recognized(tmp_path):
 
 def test_xla_words_an_allocation_past_the_memory_as_recognized():
   """64 GiB asked for where at most 8 GiB may be mapped (the limit keeps the machine safe)."""
-  code = ('import jax.numpy as jnp\n'
+  code = (limit_address_space(8 << 30) + 'import jax.numpy as jnp\n'
           'try:\n  jnp.zeros((1 << 36,), jnp.uint8).block_until_ready()\n'
           'except Exception as error:\n  print(type(error).__name__, error)')
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
-                       timeout=120, env={'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu'},
-                       preexec_fn=address_space(8 << 30))
+                       timeout=120, env={'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu'})
   assert out.stdout.startswith('JaxRuntimeError '), out.stdout + out.stderr
   assert errors.DEVICE_OUT_OF_MEMORY.search(out.stdout), out.stdout
 
