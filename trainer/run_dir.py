@@ -86,17 +86,13 @@ class RunDirectory:
                       'be written to')
 
   def refused_write(self, name: str, error: OSError | ValueError,
-                    saved: list[int] | None = None) -> UserError:
-    """A refused write of `name` (the folder itself: '') as the user's one line, with the checkpoint
-    a rerun resumes from: of `saved`, else of those listed here (none named where the folder cannot
-    be listed). A local run directory that is gone, removed or moved mid-run, is named as such."""
+                    saved: bool | None = None) -> UserError:
+    """A refused write of `name` (the folder itself: '') as the user's one line; a local run
+    directory that is gone, removed or moved while the run wrote there, is named as such."""
     if not self.remote and not self.exists():
       return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
                        'there; move it back and rerun the same command to resume, or rerun it to '
                        'start again')
-    if saved is None:
-      with contextlib.suppress(OSError):  # The folder cannot be listed now: no epoch promised.
-        saved = self.checkpoint_epochs()
     return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_not_a_file(self) -> None:
