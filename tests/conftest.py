@@ -85,6 +85,12 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300,
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+# The fix a device out of memory names (trainer/backend.py).
+LOWER_OR_MORE_MEMORY = ('lower eval_batch_size (the same command then resumes), or batch_size, '
+                        'num_models or model.hidden_sizes in a new --workdir, or use a device with '
+                        'more memory')
+
+
 def limit_address_space(limit: int) -> str:
   """Python that lets its process map at most `limit` bytes, so that an allocation past it fails at
   once on any machine, however its kernel overcommits. Run in the child itself: a preexec_fn can
