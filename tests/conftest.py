@@ -139,6 +139,18 @@ def member_records(records: list[dict], k: int) -> list[dict]:
       'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy')}} for r in records]
 
 
+@pytest.fixture
+def tiny_disk(tmp_path):
+  """A 2 MB tmpfs, which a test can enlarge; skipped where mounting is not allowed."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', str(mount)],
+                    capture_output=True).returncode != 0:
+    pytest.skip('mounting a tmpfs needs root; the injected-failure test covers the same path')
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=False)
+
+
 @pytest.fixture(scope='session')
 def mnist_dir() -> pathlib.Path:
   if not (MNIST_DIR / 't10k-images-idx3-ubyte.gz').exists():

@@ -741,18 +741,6 @@ TINY_DISK_RUN = dict(num_epochs=4, model__hidden_sizes=(64, 64), data__train_spl
                      max_checkpoints_to_keep=3, **EVERY_EPOCH)
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-  """A 2 MB tmpfs, which a test can enlarge; skipped where mounting is not allowed."""
-  mount = tmp_path / 'disk'
-  mount.mkdir()
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', str(mount)],
-                    capture_output=True).returncode != 0:
-    pytest.skip('mounting a tmpfs needs root; the injected-failure test covers the same path')
-  yield mount
-  subprocess.run(['umount', '-l', str(mount)], check=False)
-
-
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tiny_disk, tmp_path):
   reference = tmp_path / 'reference'

@@ -57,6 +57,21 @@ def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refuse
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
 
+def test_a_full_disk_when_the_lock_is_taken_is_one_line_and_holds_nothing(tiny_disk):
+  workdir = tiny_disk / 'run'
+  workdir.mkdir()
+  with pytest.raises(OSError), open(tiny_disk / 'filler', 'wb') as filler:
+    filler.write(bytes(4 << 20))  # Twice the disk.
+  with pytest.raises(UserError) as refused:
+    with RunLock(RunDirectory(workdir)):
+      pass
+  assert str(refused.value) == (f'cannot write {workdir / LOCK_FILE} (No space left on device); '
+                                'free space or restore access there, then rerun the same command')
+  (tiny_disk / 'filler').unlink()
+  with RunLock(RunDirectory(workdir)):  # Nothing was left holding it.
+    assert (workdir / LOCK_FILE).read_text().startswith('host ')
+
+
 def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
   warnings = []
   with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:

@@ -235,11 +235,16 @@ class _Flock:
       return _busy(self._workdir, holder)
     lock.seek(0)
     left = lock.read().strip()  # A holder that ended releasing it left it empty.
+    try:
+      lock.truncate(0)
+      lock.write(f'{_owner()}\n')
+      lock.flush()
+    except OSError as error:  # A full disk: no run can start here, and none is named as running.
+      with contextlib.suppress(OSError):  # Its flush fails again, but the file closes (and unlocks).
+        lock.close()
+      return self._workdir.refused_write(LOCK_FILE, error)
     if left:
       self._warn(_taken_over(self._workdir, left))
-    lock.truncate(0)
-    lock.write(f'{_owner()}\n')
-    lock.flush()
     self._file = lock
     return None
 
