@@ -85,16 +85,14 @@ def _os_reason(text: str) -> str:
 IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))  # A folder for a file, or back.
 
 
-def write_failed(path: str, error: Exception, saved: list[int] | None = None) -> UserError:
+def write_failed(path: str, error: Exception, saved: bool | None = None) -> UserError:
   """A write the machine refused (full disk, lost permission, I/O error), as the user's one line.
 
-  `saved`: the epochs of the checkpoints a rerun finds, oldest first; None where none is resumed
-  (not a run's write) or the writer cannot tell.
+  `saved`: whether a checkpoint is there to resume from; None where the writer cannot tell.
   """
   reason = getattr(error, 'strerror', None) or _os_reason(str(error))
-  then = ('' if saved is None else
-          f' to resume from the newest checkpoint (epoch {saved[-1]})' if saved else
-          ' to start again: no checkpoint is there to resume from')
+  then = {True: ' to resume from the newest checkpoint',
+          False: ' to start again: no checkpoint is there to resume from', None: ''}[saved]
   fix = ('move the folder or file in its way out of it' if reason in IN_THE_WAY
          else 'free space or restore access there')
   return UserError(f'cannot write {path} ({reason}); {fix}, then rerun the same command{then}')

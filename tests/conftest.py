@@ -85,6 +85,12 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300,
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+# The fix a device out of memory names (trainer/backend.py).
+LOWER_OR_MORE_MEMORY = ('lower eval_batch_size (the same command then resumes), or batch_size, '
+                        'num_models or model.hidden_sizes in a new --workdir, or use a device with '
+                        'more memory')
+
+
 def limit_address_space(limit: int) -> str:
   """Python that lets its process map at most `limit` bytes, so that an allocation past it fails at
   once on any machine, however its kernel overcommits. Run in the child itself: a preexec_fn can
@@ -131,6 +137,18 @@ def member_records(records: list[dict], k: int) -> list[dict]:
   """Member k's figures in the records of a num_models run, as a run of its own records them."""
   return [{'epoch': r['epoch'], **{name: r[f'{name}_by_member'][k] for name in (
       'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy')}} for r in records]
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+  """A 2 MB tmpfs, which a test can enlarge; skipped where mounting is not allowed."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', str(mount)],
+                    capture_output=True).returncode != 0:
+    pytest.skip('mounting a tmpfs needs root; the injected-failure test covers the same path')
+  yield mount
+  subprocess.run(['umount', '-l', str(mount)], check=False)
 
 
 @pytest.fixture(scope='session')

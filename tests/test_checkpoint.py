@@ -33,8 +33,8 @@ from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import LOCK_FILE, RunDirectory
 from tests.test_library_errors import orbax_step_metadata_warnings
-from tests.conftest import (ROOT, make_config, override_flags, read_metrics, run_train,
-                            without_timings)
+from tests.conftest import (LOWER_OR_MORE_MEMORY, ROOT, make_config, override_flags, read_metrics,
+                            run_train, without_timings)
 
 CONFIG = '--config=configs/default.py'
 # A checkpoint every epoch, however little time has passed since the last: these runs check what
@@ -343,6 +343,17 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   assert snapshot(small_copy) == before and saved_epochs(small_copy) == [1, 2, 3]
   monkeypatch.undo()  # The storage reads again: the newest checkpoint is still the one resumed.
   assert restore(small_copy, make_config(**SMALL)).epoch == 3
+
+
+def test_a_device_out_of_memory_in_a_restore_names_what_to_lower_and_moves_nothing(
+    small_copy, monkeypatch):
+  xla = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.'
+  failing_state_reads(monkeypatch, 3, jax.errors.JaxRuntimeError(f'{xla}\nBufferAssignment OOM'))
+  before = snapshot(small_copy)
+  with pytest.raises(UserError) as stopped:
+    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  assert str(stopped.value) == f'this machine ran out of memory ({xla}); {LOWER_OR_MORE_MEMORY}'
+  assert snapshot(small_copy) == before  # Not taken for damage: nothing set aside.
 
 
 def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_nothing(small_copy):
@@ -730,18 +741,6 @@ TINY_DISK_RUN = dict(num_epochs=4, model__hidden_sizes=(64, 64), data__train_spl
                      max_checkpoints_to_keep=3, **EVERY_EPOCH)
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-  """A 2 MB tmpfs, which a test can enlarge; skipped where mounting is not allowed."""
-  mount = tmp_path / 'disk'
-  mount.mkdir()
-  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=2m', 'tmpfs', str(mount)],
-                    capture_output=True).returncode != 0:
-    pytest.skip('mounting a tmpfs needs root; the injected-failure test covers the same path')
-  yield mount
-  subprocess.run(['umount', '-l', str(mount)], check=False)
-
-
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tiny_disk, tmp_path):
   reference = tmp_path / 'reference'
@@ -867,8 +866,7 @@ def test_a_disk_full_at_a_metrics_write_ends_in_one_line_leaves_no_partial_file_
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
   assert str(error.value) == (f'cannot write {tmp_path}/{METRICS_FILE} (No space left on device); '
-                              'free space or restore access there, then rerun the same command to '
-                              'resume from the newest checkpoint (epoch 1)')
+                              'free space or restore access there, then rerun the same command')
   # What a run writes, and nothing half-written: epoch 1's records and checkpoint, its events.
   names = sorted(p.name for p in tmp_path.iterdir())
   assert [n for n in names if not n.startswith('events.out.tfevents.')] == [

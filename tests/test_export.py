@@ -14,7 +14,6 @@ import pytest
 
 from data.mnist import load_split
 from tests.conftest import ROOT, make_config, override_flags, run_train
-from tests.test_checkpoint import tiny_disk  # noqa: F401  (a fixture: a 2 MB tmpfs)
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory, RunLock
@@ -231,8 +230,7 @@ def test_a_run_is_exported_while_it_trains_and_saves_on(tmp_path, mnist_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('form', FORMATS)
-def test_a_full_disk_is_one_line_and_leaves_the_export_there_as_it_was(form, run,
-                                                                       tiny_disk):  # noqa: F811
+def test_a_full_disk_is_one_line_and_leaves_the_export_there_as_it_was(form, run, tiny_disk):
   out = tiny_disk / 'model'  # 2 MB: the parameters alone are 2.7 MB.
   out.mkdir()
   (out / 'export.json').write_text('{"epoch": 0}')

@@ -57,6 +57,21 @@ def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refuse
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
 
+def test_a_full_disk_when_the_lock_is_taken_is_one_line_and_holds_nothing(tiny_disk):
+  workdir = tiny_disk / 'run'
+  workdir.mkdir()
+  with pytest.raises(OSError), open(tiny_disk / 'filler', 'wb') as filler:
+    filler.write(bytes(4 << 20))  # Twice the disk.
+  with pytest.raises(UserError) as refused:
+    with RunLock(RunDirectory(workdir)):
+      pass
+  assert str(refused.value) == (f'cannot write {workdir / LOCK_FILE} (No space left on device); '
+                                'free space or restore access there, then rerun the same command')
+  (tiny_disk / 'filler').unlink()
+  with RunLock(RunDirectory(workdir)):  # Nothing was left holding it.
+    assert (workdir / LOCK_FILE).read_text().startswith('host ')
+
+
 def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
   warnings = []
   with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:
@@ -158,8 +173,9 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
     first.send_signal(signal.SIGSTOP)
     (tmp_path / LOCK_FILE).unlink()
     second = start_train(args)
-    wait_until(lambda: '"epoch": 2' in (tmp_path / METRICS_FILE).read_text(), second)
-    first.send_signal(signal.SIGCONT)
+    lock = tmp_path / LOCK_FILE
+    wait_until(lambda: lock.exists() and f'pid {second.pid}' in lock.read_text(), second)
+    first.send_signal(signal.SIGCONT)  # The lock is the second run's: the first sees so next.
     assert first.wait(timeout=120) == 1
     assert first.stderr.read().splitlines() == [
         f'error: another training run took the run directory {tmp_path} after its run lock was '
@@ -173,25 +189,28 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
 
 
 def six_epochs(workdir) -> list[str]:
+  """train.py's arguments for a run of a few seconds."""
   return ['--config=configs/default.py', f'--workdir={workdir}',
           *override_flags(num_epochs=6, data__train_split='train[:2000]')]
 
 
 def recorded_epochs(workdir) -> list[int]:
+  """The epoch of each line of the run's metrics.jsonl, in order."""
   return [int(line.split('"epoch": ')[1].split(',')[0])
           for line in (workdir / METRICS_FILE).read_text().splitlines()]
 
 
 def start_train(args: list[str]) -> subprocess.Popen:
+  """train.py started in the background, its output kept."""
   return subprocess.Popen([sys.executable, 'train.py', *args], cwd=ROOT, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def wait_until(condition, process: subprocess.Popen, timeout: float = 120) -> None:
-  """Polls `condition` while `process` runs."""
+def wait_until(condition, process: subprocess.Popen | None = None, timeout: float = 120) -> None:
+  """Polls `condition` (while `process` runs): a loaded machine takes its time."""
   deadline = time.monotonic() + timeout
   while not condition():
-    assert time.monotonic() < deadline and process.poll() is None
+    assert time.monotonic() < deadline and (process is None or process.poll() is None)
     time.sleep(0.05)
 
 
@@ -252,7 +271,7 @@ def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
     blob = storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}')
     blob.upload_from_string('host elsewhere, pid 1\n')
-    time.sleep(0.5)  # The next refresh finds a generation it did not write.
+    wait_until(first.lost)  # A refresh finds a generation it did not write.
     with pytest.raises(UserError, match='another training run took over the run directory'):
       first.check()
   assert lock_text(workdir) == 'host elsewhere, pid 1\n'  # Not emptied: it is the other run's.
@@ -263,7 +282,7 @@ def test_on_cloud_storage_a_lock_removed_by_hand_is_taken_again_saying_so(bucket
   with RunLock(RunDirectory(workdir), stale_after=0.8, warn=warnings.append) as lock:
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
     storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').delete()
-    time.sleep(0.5)  # The next refresh finds it gone.
+    wait_until(lambda: warnings)  # A refresh finds it gone, and writes it anew.
     lock.check()
     assert lock_text(workdir).startswith(f'host {socket.gethostname()}, pid {os.getpid()}')
     assert warnings == [f'the run lock {workdir}/{LOCK_FILE} was removed while this run held it; '

@@ -1,16 +1,19 @@
-"""JAX's backend, started once before any work: a plugin that is missing or a device that another
-process holds, where JAX_PLATFORMS asks for it, is the user's one line rather than JAX's traceback."""
+"""JAX's backend and its devices: a plugin that is missing or a device that another process holds,
+where JAX_PLATFORMS asks for it, and a device out of memory, each the user's one line rather than
+JAX's traceback."""
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 
-from errors import UserError
+from errors import DEVICE_OUT_OF_MEMORY, UserError, causes
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
 # JAX_PLATFORMS='' to automatically choose an available backend)".
-_CANNOT_START = re.compile(r"Unable to initialize backend '([^']+)': (.*?)(?: \(set JAX_PLATFORMS=.*)?$",
-                           re.S)
+_CANNOT_START = re.compile(
+    r"Unable to initialize backend '([^']+)': (.*?)(?: \(set JAX_PLATFORMS=.*)?$", re.S)
 _INSTALL = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), or unset '
             'JAX_PLATFORMS to run on the devices JAX finds')
 
@@ -26,10 +29,48 @@ def start() -> None:
     if not found:
       raise
     backend, reason = found.groups()
-    fix = ('another process holds it: wait for that one to end, or stop it' if 'in use' in reason
-           else _INSTALL)
-    raise UserError(f'JAX could not start its {backend} backend ({reason}); {fix}') from error
+    raise UserError(f'JAX could not start its {backend} backend ({reason}); {_fix(reason)}'
+                    ) from error
   except AssertionError as error:  # JAX's answer when no platform named has a plugin installed.
     if not platforms:
       raise
     raise UserError(f'JAX has no backend for JAX_PLATFORMS={platforms}; {_INSTALL}') from error
+
+
+def _fix(reason: str) -> str:
+  """What to do about a backend that could not start, by JAX's reason."""
+  if 'in use' in reason:
+    return 'another process holds it: wait for that one to end, or stop it'
+  if 'known backends' in reason:
+    return ('name one of those in JAX_PLATFORMS, or unset it; a GPU or TPU needs its plugin (make '
+            'train ACCELERATOR=cuda12, or tpu, on a fresh clone)')
+  if 'libtpu' in reason:
+    return _INSTALL
+  return ('check that this machine has that device and that its driver works (a GPU: nvidia-smi), '
+          'or unset JAX_PLATFORMS to run on the devices JAX finds')
+
+
+def out_of_memory(error: BaseException) -> BaseException | None:
+  """XLA's error among `error`'s causes when it could not allocate a buffer (None if it did): a
+  config too big for the device, not damage or a fault of the storage."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return next((cause for cause in causes(error) if isinstance(cause, jax.errors.JaxRuntimeError)
+               and DEVICE_OUT_OF_MEMORY.search(str(cause))), None)
+
+
+@contextlib.contextmanager
+def device_memory_said() -> Iterator[None]:
+  """A device out of memory (on the CPU, the machine) as the user's one line naming what to lower."""
+  import jax  # pylint: disable=g-import-not-at-top
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except; re-raised unless out of memory
+    xla_error = out_of_memory(error)
+    if xla_error is None:
+      raise
+    backend = jax.default_backend()
+    device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
+    reason = ' '.join((str(xla_error).strip().splitlines() or [''])[0].split())
+    raise UserError(f'{device} ran out of memory ({reason}); lower eval_batch_size (the same '
+                    'command then resumes), or batch_size, num_models or model.hidden_sizes in a '
+                    'new --workdir, or use a device with more memory') from error

@@ -373,8 +373,9 @@ class Checkpoints:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      # What a rerun finds: the run directory may have been removed.
-      raise self._run_dir.refused_write('', error, saved=self._on_disk()) from error
+      kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
+      failed = str(self._run_dir.refused_write('', error, saved=bool(kept)))
+      raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
 
   def _on_disk(self) -> list[int]:
     """The complete checkpoints in the folder, else those orbax knows of (less a failed save's)."""

@@ -16,10 +16,11 @@ import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples, load_splits
-from errors import DEVICE_OUT_OF_MEMORY, ConfigError, UserError
+from errors import ConfigError
 from mlp import augment, batches, epoch, optim, steps
 from mlp.model import MLP
 from trainer import processes
+from trainer.backend import device_memory_said
 from trainer.checkpoints import Checkpoints, refuse_other_numbers
 from trainer.reporting import Reporter
 from trainer.run_dir import STALE_AFTER_S, RunDirectory, RunLock
@@ -295,19 +296,3 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
                                                   warn=reporter.warn, read_only=evaluate_only))
     yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)
 
-
-@contextlib.contextmanager
-def device_memory_said() -> Iterator[None]:
-  """A device out of memory (on the CPU, the machine) as the user's one line, not XLA's traceback:
-  a config too big for it, which only smaller batches or models fit."""
-  try:
-    yield
-  except jax.errors.JaxRuntimeError as error:
-    if not DEVICE_OUT_OF_MEMORY.search(str(error)):
-      raise
-    backend = jax.default_backend()
-    device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
-    reason = ' '.join((str(error).strip().splitlines() or [''])[0].split())
-    raise UserError(f'{device} ran out of memory ({reason}); lower batch_size, eval_batch_size, '
-                    'num_models or model.hidden_sizes (in a new --workdir), or use a device with '
-                    'more memory') from error

@@ -86,17 +86,13 @@ class RunDirectory:
                       'be written to')
 
   def refused_write(self, name: str, error: OSError | ValueError,
-                    saved: list[int] | None = None) -> UserError:
-    """A refused write of `name` (the folder itself: '') as the user's one line, with the checkpoint
-    a rerun resumes from: of `saved`, else of those listed here (none named where the folder cannot
-    be listed). A local run directory that is gone, removed or moved mid-run, is named as such."""
+                    saved: bool | None = None) -> UserError:
+    """A refused write of `name` (the folder itself: '') as the user's one line; a local run
+    directory that is gone, removed or moved while the run wrote there, is named as such."""
     if not self.remote and not self.exists():
       return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
                        'there; move it back and rerun the same command to resume, or rerun it to '
                        'start again')
-    if saved is None:
-      with contextlib.suppress(OSError):  # The folder cannot be listed now: no epoch promised.
-        saved = self.checkpoint_epochs()
     return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_not_a_file(self) -> None:
@@ -239,11 +235,16 @@ class _Flock:
       return _busy(self._workdir, holder)
     lock.seek(0)
     left = lock.read().strip()  # A holder that ended releasing it left it empty.
+    try:
+      lock.truncate(0)
+      lock.write(f'{_owner()}\n')
+      lock.flush()
+    except OSError as error:  # A full disk: no run can start here, and none is named as running.
+      with contextlib.suppress(OSError):  # Its flush fails again, but the file closes (and unlocks).
+        lock.close()
+      return self._workdir.refused_write(LOCK_FILE, error)
     if left:
       self._warn(_taken_over(self._workdir, left))
-    lock.truncate(0)
-    lock.write(f'{_owner()}\n')
-    lock.flush()
     self._file = lock
     return None
 
