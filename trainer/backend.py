@@ -14,14 +14,14 @@ from errors import DEVICE_OUT_OF_MEMORY, UserError, causes
 # JAX_PLATFORMS='' to automatically choose an available backend)".
 _CANNOT_START = re.compile(
     r"Unable to initialize backend '([^']+)': (.*?)(?: \(set JAX_PLATFORMS=.*)?$", re.S)
-_INSTALL = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), or unset '
-            'JAX_PLATFORMS to run on the devices JAX finds')
+_PLUGIN = 'make train ACCELERATOR=cuda12, or tpu, on a fresh clone'
+_UNSET = 'unset JAX_PLATFORMS to run on the devices JAX finds'
+_INSTALL = f'install its plugin ({_PLUGIN}), or {_UNSET}'
 
 
 def start() -> None:
   """Starts JAX's backend on the platforms JAX_PLATFORMS names (all it finds when unset)."""
   import jax  # pylint: disable=g-import-not-at-top; after the flags, which need none of it
-  platforms = os.environ.get('JAX_PLATFORMS', '')
   try:
     jax.devices()
   except RuntimeError as error:
@@ -32,6 +32,7 @@ def start() -> None:
     raise UserError(f'JAX could not start its {backend} backend ({reason}); {_fix(reason)}'
                     ) from error
   except AssertionError as error:  # JAX's answer when no platform named has a plugin installed.
+    platforms = os.environ.get('JAX_PLATFORMS')
     if not platforms:
       raise
     raise UserError(f'JAX has no backend for JAX_PLATFORMS={platforms}; {_INSTALL}') from error
@@ -42,12 +43,12 @@ def _fix(reason: str) -> str:
   if 'in use' in reason:
     return 'another process holds it: wait for that one to end, or stop it'
   if 'known backends' in reason:
-    return ('name one of those in JAX_PLATFORMS, or unset it; a GPU or TPU needs its plugin (make '
-            'train ACCELERATOR=cuda12, or tpu, on a fresh clone)')
+    return ('name one of those in JAX_PLATFORMS, or unset it; a GPU or TPU needs its plugin '
+            f'({_PLUGIN})')
   if 'libtpu' in reason:
     return _INSTALL
-  return ('check that this machine has that device and that its driver works (a GPU: nvidia-smi), '
-          'or unset JAX_PLATFORMS to run on the devices JAX finds')
+  return ('check that this machine has that device and that its driver works (a GPU: '
+          f'nvidia-smi), or {_UNSET}')
 
 
 def out_of_memory(error: BaseException) -> BaseException | None:
@@ -60,7 +61,7 @@ def out_of_memory(error: BaseException) -> BaseException | None:
 
 @contextlib.contextmanager
 def device_memory_said() -> Iterator[None]:
-  """A device out of memory (on the CPU, the machine) as the user's one line naming what to lower."""
+  """A device out of memory (on the CPU, the machine) as the user's one line: what to lower."""
   import jax  # pylint: disable=g-import-not-at-top
   try:
     yield

@@ -310,7 +310,7 @@ class Checkpoints:
     self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
     self._run_dir, self._read_only, self._warn = run_dir, read_only, warn
-    self._primary = primary = processes.is_primary()
+    self._primary = processes.is_primary()
     self._config = config_rules.flat_config(config)
     # The run's key (which a restore checks against the seed's), on the host: one copy of a
     # replicated one.
@@ -319,7 +319,8 @@ class Checkpoints:
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
     threads = set(threading.enumerate())
     try:
-      self._manager = ocp.CheckpointManager(self.directory, handler_registry=_handlers(primary),
+      self._manager = ocp.CheckpointManager(self.directory,
+                                            handler_registry=_handlers(self._primary),
                                             options=_options(config, read_only))
     except BaseException:
       self._reports.close(abandoned=False)

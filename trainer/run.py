@@ -295,4 +295,3 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
     checkpoints = stack.enter_context(Checkpoints(run_dir, config, epochs.run_key,
                                                   warn=reporter.warn, read_only=evaluate_only))
     yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)
-

@@ -209,7 +209,7 @@ def _taken_again(lock: str) -> str:
 
 def _busy(workdir: 'RunDirectory', holder: str, note: str = '') -> Busy:
   return Busy(f'the run directory {workdir} is in use by a training run ({holder}{note}); '
-                   'wait for it to end or stop it, or pass another --workdir')
+              'wait for it to end or stop it, or pass another --workdir')
 
 
 class _Flock:
@@ -240,7 +240,7 @@ class _Flock:
       lock.write(f'{_owner()}\n')
       lock.flush()
     except OSError as error:  # A full disk: no run can start here, and none is named as running.
-      with contextlib.suppress(OSError):  # Its flush fails again, but the file closes (and unlocks).
+      with contextlib.suppress(OSError):  # Its flush fails again; the file still closes, unlocked.
         lock.close()
       return self._workdir.refused_write(LOCK_FILE, error)
     if left:
