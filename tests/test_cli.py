@@ -291,7 +291,9 @@ def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_pat
 def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_resumes(tmp_path,
                                                                                       mnist_dir):
   """The second Ctrl-C may land mid-save: raised there, it once left orbax's threads waiting and
-  the exit hung, or ended in a traceback. Three moments after the first; each rerun resumes."""
+  the exit hung, or ended in a traceback. Three moments after the first; each rerun resumes from a
+  checkpoint that was saved before the first Ctrl-C (on a loaded machine each launch's first save
+  may still be in flight then, and the second Ctrl-C abandons it)."""
   command = [sys.executable, 'train.py', CONFIG, f'--workdir={tmp_path}',
              *override_flags(num_epochs=12, data__train_split='train[:2000]')]
   for delay in (0.0, 0.03, 0.3):
@@ -300,6 +302,8 @@ def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_r
       while not process.stdout.readline().startswith('training on '):  # Past start-up.
         assert process.poll() is None, process.stderr.read()
       process.stdout.readline()  # An epoch's line.
+      while not any(p.name.isdigit() for p in tmp_path.iterdir()):  # A checkpoint to resume from.
+        assert process.stdout.readline(), process.stderr.read()
       process.send_signal(signal.SIGINT)
       time.sleep(delay)
       process.send_signal(signal.SIGINT)
