@@ -36,6 +36,8 @@ ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under
 # Out of memory while trying to allocate N bytes' or '... Failed to allocate request for ...' on a
 # GPU, 'Out of memory allocating N bytes' on the CPU (after 'INTERNAL: ...' from a running program).
 DEVICE_OUT_OF_MEMORY = re.compile(r'RESOURCE_EXHAUSTED|Out of memory')
+# Python's RuntimeError when the OS will not start another thread (memory, or a limit of processes).
+THREAD_REFUSED = "can't start new thread"
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.

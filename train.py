@@ -212,8 +212,10 @@ ABANDONED_GRACE_S = 5.0  # How long an error's exit waits for threads still runn
 def exit_past_abandoned_work(status: int) -> None:
   """sys.exit, or at once where threads outlive the run: a save that failed before its folder was
   made leaves orbax's threads waiting minutes for that folder, which would hold the exit, then print
-  their tracebacks. (The run closed its checkpoints first: every save that could end has ended.)"""
+  their tracebacks. (The run closed its checkpoints first: every save that could end has ended.)
+  The error's line is out: what threads that the error stranded report after it is not shown."""
   from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
+  processes.quiet_stderr()
   others = [thread for thread in threading.enumerate()
             if not thread.daemon and thread is not threading.current_thread()]
   deadline = time.monotonic() + ABANDONED_GRACE_S  # Polled: orbax's threads' join() may raise.

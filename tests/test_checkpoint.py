@@ -28,12 +28,13 @@ from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
 from trainer.run import keys_of, mode_and_mesh, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
+import errors
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import LOCK_FILE, RunDirectory
 from tests.test_library_errors import orbax_step_metadata_warnings
-from tests.conftest import (LOWER_OR_MORE_MEMORY, ROOT, make_config, override_flags, read_metrics,
+from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, make_config, override_flags, read_metrics,
                             run_train, without_timings)
 
 CONFIG = '--config=configs/default.py'
@@ -320,7 +321,6 @@ TRANSIENT = {
     'EIO': (OSError(errno.EIO, 'Input/output error'), 'OSError: [Errno 5] Input/output error'),
     'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading "params.hidden.0.kernel.value/0.0" in '
                                   'OCDBT database'), 'ValueError: DEADLINE_EXCEEDED'),
-    'out of memory': (MemoryError(), 'MemoryError'),
     'no permission': (ValueError('PERMISSION_DENIED: Error reading "params.hidden.0.kernel.value/0.0" '
                                  'in OCDBT database at local file "/r/3/state/": Failed to open'),
                       'ValueError: PERMISSION_DENIED'),
@@ -345,15 +345,52 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   assert restore(small_copy, make_config(**SMALL)).epoch == 3
 
 
-def test_a_device_out_of_memory_in_a_restore_names_what_to_lower_and_moves_nothing(
-    small_copy, monkeypatch):
-  xla = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.'
-  failing_state_reads(monkeypatch, 3, jax.errors.JaxRuntimeError(f'{xla}\nBufferAssignment OOM'))
+XLA_OUT_OF_MEMORY = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.'
+NUMPY_OUT_OF_MEMORY = ('Unable to allocate 1.50 MiB for an array with shape (784, 512) and data type '
+                       'float32')
+
+
+@pytest.mark.parametrize('error, said', [
+    (jax.errors.JaxRuntimeError(f'{XLA_OUT_OF_MEMORY}\nBufferAssignment OOM'),
+     f'this machine ran out of memory ({XLA_OUT_OF_MEMORY}); {LOWER_OR_MORE_MEMORY}'),
+    (MemoryError(NUMPY_OUT_OF_MEMORY),  # The host's memory (numpy's words), whatever the device.
+     f'this machine ran out of memory (MemoryError: {NUMPY_OUT_OF_MEMORY}); {FREE_MEMORY}'),
+    (MemoryError(), f'this machine ran out of memory (MemoryError); {FREE_MEMORY}'),
+], ids=['device', 'host', 'host, unworded'])
+def test_memory_that_runs_out_in_a_restore_is_one_line_and_moves_nothing(small_copy, monkeypatch,
+                                                                         error, said):
+  failing_state_reads(monkeypatch, 3, error)
   before = snapshot(small_copy)
   with pytest.raises(UserError) as stopped:
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
-  assert str(stopped.value) == f'this machine ran out of memory ({xla}); {LOWER_OR_MORE_MEMORY}'
+  assert str(stopped.value) == said
   assert snapshot(small_copy) == before  # Not taken for damage: nothing set aside.
+
+
+def test_a_thread_the_machine_will_not_start_mid_run_is_one_line_and_the_rerun_resumes(
+    tmp_path, monkeypatch):
+  """Orbax starts a thread for each save: a machine at its limit of threads refuses the second."""
+  save = checkpoint.ocp.CheckpointManager.save
+
+  def refused(manager, step, *args, **kwargs):
+    if step == 2:
+      raise RuntimeError(errors.THREAD_REFUSED)
+    return save(manager, step, *args, **kwargs)
+
+  monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', refused)
+  run_dir = RunDirectory(tmp_path / 'run')
+  with pytest.raises(UserError) as stopped:
+    loop.train_and_evaluate(make_config(**SMALL), run_dir)
+  assert str(stopped.value) == (
+      "this machine would not start another thread (can't start new thread): it is short of memory "
+      "or at its limit of processes (ulimit -u, or a container's pids limit); free memory or raise "
+      'that limit, then rerun the same command')
+  assert saved_epochs(tmp_path / 'run') == [1]
+  assert (tmp_path / 'run' / LOCK_FILE).read_text() == ''  # Released.
+  monkeypatch.undo()
+  loop.train_and_evaluate(make_config(**SMALL), run_dir)
+  assert [r['epoch'] for r in read_metrics(tmp_path / 'run')] == [1, 2, 3]
+  assert saved_epochs(tmp_path / 'run') == [1, 2, 3]
 
 
 def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_nothing(small_copy):

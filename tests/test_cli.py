@@ -1,5 +1,6 @@
 """train.py as users run it: a real-data run, and one clear line for each kind of mistake."""
 
+import gzip
 import json
 import os
 import shutil
@@ -13,8 +14,8 @@ import pytest
 from absl import flags
 
 import train
-from errors import UserError, say
-from tests.conftest import (LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly, limit_address_space,
+from errors import THREAD_REFUSED, UserError, say
+from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly, limit_address_space,
                             make_config, override_flags, read_metrics, run_train)
 from trainer import config_rules
 from trainer import evaluation, loop
@@ -287,6 +288,20 @@ def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_pat
   assert (tmp_path / 'metrics.jsonl' / 'notes.txt').read_text() == 'keep me'
 
 
+def test_memory_the_machine_cannot_give_for_the_data_is_one_line_and_writes_nothing(
+    tmp_path, monkeypatch):
+  """zlib's words where it cannot allocate the decompressed MNIST."""
+  def decompress(data: bytes) -> bytes:
+    raise MemoryError('Unable to allocate output buffer.')
+
+  monkeypatch.setattr(gzip, 'decompress', decompress)
+  with pytest.raises(UserError) as stopped:
+    loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(tmp_path / 'run'))
+  assert str(stopped.value) == ('this machine ran out of memory (MemoryError: Unable to allocate '
+                                f'output buffer.); {FREE_MEMORY}')
+  assert not (tmp_path / 'run').exists()
+
+
 @pytest.mark.slow
 def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_resumes(tmp_path,
                                                                                       mnist_dir):
@@ -319,6 +334,32 @@ def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_r
   assert out.returncode == 0 and out.stderr == '', out.stderr
   assert 'resumed from epoch' in out.stdout
   assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, 13))
+
+
+@pytest.mark.slow
+def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads_report_after(
+    tmp_path, mnist_dir):
+  """Orbax's save of epoch 2 meets Python's refusal of a thread, as on a machine at its limit of
+  processes, and leaves a thread of its own that reports a failure a moment later."""
+  workdir = tmp_path / 'run'
+  args = [CONFIG, f'--workdir={workdir}', *override_flags(
+      num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
+  child = (
+      'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\nsave = ocp.CheckpointManager.save\n'
+      'def stranded():\n  time.sleep(0.5)\n  raise RuntimeError("a stranded thread reports")\n'
+      'def refused(manager, step, *args, **kwargs):\n  if step == 2:\n'
+      '    threading.Thread(target=stranded).start()\n'
+      f'    raise RuntimeError({THREAD_REFUSED!r})\n'
+      '  return save(manager, step, *args, **kwargs)\n'
+      'ocp.CheckpointManager.save = refused\n'
+      'sys.argv = sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
+  out = subprocess.run([sys.executable, '-c', child, 'train.py', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1 and out.stderr.startswith(
+      "error: this machine would not start another thread (can't start new thread): "), out.stderr
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+  assert [r['epoch'] for r in read_metrics(workdir)] == [1, 2]
+  assert sorted(p.name for p in workdir.glob('[0-9]*')) == ['1']  # Resumable.
 
 
 @pytest.mark.slow

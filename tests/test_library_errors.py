@@ -85,3 +85,20 @@ def test_xla_words_an_allocation_past_the_memory_as_recognized():
   assert out.stdout.startswith('JaxRuntimeError '), out.stdout + out.stderr
   assert errors.DEVICE_OUT_OF_MEMORY.search(out.stdout), out.stdout
 
+
+
+def test_python_words_a_thread_the_machine_will_not_start_as_recognized():
+  """Threads started until no stack fits in the address space the child may map (256 MiB)."""
+  code = (limit_address_space(256 << 20) + 'import threading\nstop = threading.Event()\n'
+          'try:\n  while True:\n    threading.Thread(target=stop.wait, daemon=True).start()\n'
+          'except Exception as error:\n  print(type(error).__name__, error)\nstop.set()')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+  assert out.stdout.strip() == f'RuntimeError {errors.THREAD_REFUSED}', out.stdout + out.stderr
+
+
+def test_numpy_words_an_allocation_past_the_memory_as_a_memory_error():
+  code = (limit_address_space(1 << 30) + 'import numpy as np\n'
+          'try:\n  np.zeros((1 << 32,), np.uint8)\n'
+          'except Exception as error:\n  print(isinstance(error, MemoryError), error)')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
+  assert out.stdout.startswith('True Unable to allocate 4.00 GiB'), out.stdout + out.stderr

@@ -1,13 +1,13 @@
 """JAX's backend and its devices: a plugin that is missing or a device that another process holds,
-where JAX_PLATFORMS asks for it, and a device out of memory, each the user's one line rather than
-JAX's traceback."""
+where JAX_PLATFORMS asks for it, and a machine's limits met (memory, threads), each the user's one
+line rather than a traceback."""
 
 import contextlib
 import os
 import re
 from collections.abc import Iterator
 
-from errors import DEVICE_OUT_OF_MEMORY, UserError, causes
+from errors import DEVICE_OUT_OF_MEMORY, THREAD_REFUSED, UserError, causes
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
@@ -52,26 +52,50 @@ def _fix(reason: str) -> str:
 
 
 def out_of_memory(error: BaseException) -> BaseException | None:
-  """XLA's error among `error`'s causes when it could not allocate a buffer (None if it did): a
-  config too big for the device, not damage or a fault of the storage."""
+  """The error among `error`'s causes that says memory ran out (None if none does): XLA's when it
+  could not allocate a buffer, or Python's MemoryError; a config too big for the machine, not damage
+  or a fault of the storage."""
   import jax  # pylint: disable=g-import-not-at-top
-  return next((cause for cause in causes(error) if isinstance(cause, jax.errors.JaxRuntimeError)
-               and DEVICE_OUT_OF_MEMORY.search(str(cause))), None)
+  return next((cause for cause in causes(error) if isinstance(cause, MemoryError) or (
+      isinstance(cause, jax.errors.JaxRuntimeError) and DEVICE_OUT_OF_MEMORY.search(str(cause)))),
+              None)
+
+
+def _no_thread(error: BaseException) -> BaseException | None:
+  """Python's error among `error`'s causes when the OS would not start another thread."""
+  return next((cause for cause in causes(error) if isinstance(cause, RuntimeError)
+               and str(cause) == THREAD_REFUSED), None)
 
 
 @contextlib.contextmanager
-def device_memory_said() -> Iterator[None]:
-  """A device out of memory (on the CPU, the machine) as the user's one line: what to lower."""
+def machine_limits_said() -> Iterator[None]:
+  """Memory that ran out, on the device or the host, or a thread the OS would not start, as the
+  user's one line: what to lower or free. Orbax's threads that such a failure stranded are the
+  exit's to end (train.py)."""
   import jax  # pylint: disable=g-import-not-at-top
   try:
     yield
-  except Exception as error:  # pylint: disable=broad-except; re-raised unless out of memory
-    xla_error = out_of_memory(error)
-    if xla_error is None:
+  except Exception as error:  # pylint: disable=broad-except; re-raised unless a limit was met
+    if refused := _no_thread(error):
+      raise UserError(f'this machine would not start another thread ({refused}): it is short of '
+                      'memory or at its limit of processes (ulimit -u, or a container\'s pids '
+                      'limit); free memory or raise that limit, then rerun the same command'
+                      ) from error
+    memory_error = out_of_memory(error)
+    if memory_error is None:
       raise
+    reason = _first_line(memory_error)
+    if isinstance(memory_error, MemoryError):  # Python's, on the host, whatever the device.
+      reason = f'MemoryError: {reason}' if reason else 'MemoryError'
+      raise UserError(f'this machine ran out of memory ({reason}); free memory (close other '
+                      'programs), then rerun the same command, or use a machine with more memory'
+                      ) from error
     backend = jax.default_backend()
     device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
-    reason = ' '.join((str(xla_error).strip().splitlines() or [''])[0].split())
     raise UserError(f'{device} ran out of memory ({reason}); lower eval_batch_size (the same '
                     'command then resumes), or batch_size, num_models or model.hidden_sizes in a '
                     'new --workdir, or use a device with more memory') from error
+
+
+def _first_line(error: BaseException) -> str:
+  return ' '.join((str(error).strip().splitlines() or [''])[0].split())

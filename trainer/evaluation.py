@@ -112,7 +112,7 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
   config = config_rules.config_from_flat(flat)
   config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
   run_key = keys_of(config)[1]  # What the saved run key is checked against.
-  with backend.device_memory_said(), Checkpoints(run_dir, config, run_key, warn=warn,
+  with backend.machine_limits_said(), Checkpoints(run_dir, config, run_key, warn=warn,
                                                  read_only=True) as saved:
     restored = saved.restore(state_template(config, make_mesh('jit')))
   if restored is None:

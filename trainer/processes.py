@@ -234,13 +234,20 @@ def hold_stderr() -> None:
   sys.stderr = os.fdopen(real, 'w', buffering=1, encoding=sys.stderr.encoding)
 
 
+def quiet_stderr() -> None:
+  """Points file descriptor 2, and with it sys.stderr, at nothing: the run's last line is out."""
+  sys.stderr.flush()
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, sys.stderr.fileno())
+  os.close(devnull)
+
+
 def end_now(status: int) -> None:
   """Ends the process at once (os._exit), once the relay has passed on its last line: the shell's
   prompt, or a launcher seeing the exit, never comes before it."""
   sys.stderr.flush()
   if _RELAYS:
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stderr.fileno())  # The relay's pipe closes: it writes what it has, ends.
+    quiet_stderr()  # The relay's pipe closes: it writes what it has, ends.
     with contextlib.suppress(subprocess.TimeoutExpired):
       _RELAYS[0].wait(timeout=5)
   os._exit(status)

@@ -20,7 +20,7 @@ from errors import ConfigError
 from mlp import augment, batches, epoch, optim, steps
 from mlp.model import MLP
 from trainer import processes
-from trainer.backend import device_memory_said
+from trainer.backend import machine_limits_said
 from trainer.checkpoints import Checkpoints, refuse_other_numbers
 from trainer.reporting import Reporter
 from trainer.run_dir import STALE_AFTER_S, RunDirectory, RunLock
@@ -271,20 +271,20 @@ class Run:
 def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
              lock_stale_after: float = STALE_AFTER_S, evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
-  where = mode_and_mesh(config)  # Checks the devices against the config before any work.
-  # On a bucket the first touch stays the lock's: its client words a refusal (no credentials, no
-  # permission) in one line, where a listing through gcsfs would log its retries first.
-  if not (evaluate_only or run_dir.remote):
-    refuse_other_numbers(run_dir, config)
-  splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
-                                                           config.data.eval_split]
-  *train, examples = load_splits(config.data, *splits)
-  primary = processes.is_primary()  # Process 0 writes the run's files and log; every one computes.
-  reporter = Reporter.of(run_dir, config.num_epochs, primary)
-  if primary:
-    run_dir.make()  # Before the lock, whose file is in it.
   with contextlib.ExitStack() as stack:
-    stack.enter_context(device_memory_said())  # Entered first: said once the rest has closed.
+    stack.enter_context(machine_limits_said())  # Entered first: said once the rest has closed.
+    where = mode_and_mesh(config)  # Checks the devices against the config before any work.
+    # On a bucket the first touch stays the lock's: its client words a refusal (no credentials, no
+    # permission) in one line, where a listing through gcsfs would log its retries first.
+    if not (evaluate_only or run_dir.remote):
+      refuse_other_numbers(run_dir, config)
+    splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
+                                                             config.data.eval_split]
+    *train, examples = load_splits(config.data, *splits)
+    primary = processes.is_primary()  # Process 0 writes the run's files and log; all compute.
+    reporter = Reporter.of(run_dir, config.num_epochs, primary)
+    if primary:
+      run_dir.make()  # Before the lock, whose file is in it.
     lock = None
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
       lock = stack.enter_context(RunLock(
