@@ -245,6 +245,7 @@ def quiet_stderr() -> None:
 def end_now(status: int) -> None:
   """Ends the process at once (os._exit), once the relay has passed on its last line: the shell's
   prompt, or a launcher seeing the exit, never comes before it."""
+  sys.stdout.flush()
   sys.stderr.flush()
   if _RELAYS:
     quiet_stderr()  # The relay's pipe closes: it writes what it has, ends.
