@@ -35,9 +35,16 @@ def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
   assert str(write_failed('/r', error)).endswith('there, then rerun the same command')
 
 
-@pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR])
+@pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR, errno.EEXIST])
 def test_a_folder_or_file_in_the_way_is_named_as_the_fix(code):
   error = OSError(code, os.strerror(code))
   assert str(write_failed('/r/metrics.jsonl', error)) == (
       f'cannot write /r/metrics.jsonl ({os.strerror(code)}); move the folder or file in its way out '
       'of it, then rerun the same command')
+
+
+def test_a_folder_that_is_not_there_or_takes_no_files_is_named_as_the_fix():
+  error = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
+  assert str(write_failed('/proc/self/export', error)) == (
+      'cannot write /proc/self/export (No such file or directory); make sure the folder that holds '
+      'it is there and takes new files, then rerun the same command')
