@@ -94,13 +94,31 @@ def test_a_run_whose_removed_lock_another_run_took_stops_and_leaves_that_lock(tm
     with RunLock(RunDirectory(tmp_path)) as second:  # A newcomer finds no lock: the run is its.
       with pytest.raises(UserError) as error:
         first.check()
-      assert str(error.value) == (
-          f'another training run took the run directory {tmp_path} after its run lock was removed '
-          'by hand; this run stops without writing more, and that one goes on (leave run.lock in '
-          'place while a run uses its directory)')
+      assert str(error.value) == TAKEN_AFTER_REMOVAL.format(tmp_path)
       second.check()
       first.release()
       assert (tmp_path / LOCK_FILE).read_text().startswith('host ')  # Still the newcomer's.
+
+
+def test_a_run_whose_removed_lock_a_killed_run_left_stops_and_leaves_that_lock(tmp_path):
+  """That run may have saved checkpoints past this one's before it was killed: not taken again."""
+  with RunLock(RunDirectory(tmp_path)) as first:
+    (tmp_path / LOCK_FILE).unlink()
+    holder = hold(tmp_path)  # A newcomer finds no lock, takes it, and is killed.
+    kill(holder)
+    left = (tmp_path / LOCK_FILE).read_text()
+    assert f'pid {holder.pid}' in left
+    with pytest.raises(UserError) as error:
+      first.check()
+    assert str(error.value) == TAKEN_AFTER_REMOVAL.format(tmp_path)
+    first.release()
+  assert (tmp_path / LOCK_FILE).read_text() == left
+
+
+TAKEN_AFTER_REMOVAL = (
+    'another training run took the run directory {} after its run lock was removed by hand; this '
+    'run stops without writing more: once that run has ended, the same command resumes from the '
+    'newest checkpoint (leave run.lock in place while a run uses its directory)')
 
 
 def hold(workdir, stale_after: float = 120) -> subprocess.Popen:
@@ -177,10 +195,7 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
     wait_until(lambda: lock.exists() and f'pid {second.pid}' in lock.read_text(), second)
     first.send_signal(signal.SIGCONT)  # The lock is the second run's: the first sees so next.
     assert first.wait(timeout=120) == 1
-    assert first.stderr.read().splitlines() == [
-        f'error: another training run took the run directory {tmp_path} after its run lock was '
-        'removed by hand; this run stops without writing more, and that one goes on (leave '
-        'run.lock in place while a run uses its directory)']
+    assert first.stderr.read().splitlines() == [f'error: {TAKEN_AFTER_REMOVAL.format(tmp_path)}']
     assert second.wait(timeout=300) == 0, second.stderr.read()
   finally:
     first.kill()

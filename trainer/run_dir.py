@@ -255,16 +255,26 @@ class _Flock:
       self._file = None
 
   def lost(self) -> bool:
-    """Whether the lock file was removed or replaced by hand and another run holds the new one: a
-    lock on a file gone from its path stops no newcomer. A new file nobody holds is taken."""
+    """Whether the lock file was removed or replaced by hand and another run took the new one, held
+    or left (killed): a lock on a file gone from its path stops no newcomer, and a newcomer's
+    checkpoints may follow this run's. A new file that names no run is taken."""
     held = self._file
     if held is None or self._in_place(held):
       return False
+    if self._names_a_run():
+      return True
     refusal = self.take()
     if refusal is None:
       held.close()
       self._warn(_taken_again(self._path))
     return isinstance(refusal, Busy)
+
+  def _names_a_run(self) -> bool:
+    try:
+      with open(self._path, encoding='utf-8') as lock:
+        return bool(lock.read().strip())
+    except OSError:  # Gone, or not a file to read: take() says what it is.
+      return False
 
   def _in_place(self, held: TextIO) -> bool:
     try:
@@ -403,9 +413,9 @@ class RunLock:
       return
     if not self._workdir.remote:
       raise UserError(f'another training run took the run directory {self._workdir} after its '
-                      f'run lock was removed by hand; this run stops without writing more, and '
-                      f'that one goes on (leave {LOCK_FILE} in place while a run uses its '
-                      'directory)')
+                      'run lock was removed by hand; this run stops without writing more: once '
+                      'that run has ended, the same command resumes from the newest checkpoint '
+                      f'(leave {LOCK_FILE} in place while a run uses its directory)')
     raise UserError(f'another training run took over the run directory {self._workdir} while '
                     'this one could not refresh its lock (paused, or cut off from Cloud Storage) '
                     'or after it was removed by hand; this run stops without writing more')
