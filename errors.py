@@ -84,8 +84,7 @@ def _os_reason(text: str) -> str:
   return (text.strip().splitlines() or [''])[0][:160]
 
 
-# A folder where a file belongs, or the reverse (a file where a folder is to be made: EEXIST).
-IN_THE_WAY = tuple(os.strerror(code) for code in (errno.EISDIR, errno.ENOTDIR, errno.EEXIST))
+IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))  # A folder for a file, or back.
 NO_FOLDER = os.strerror(errno.ENOENT)  # A folder on the way gone, or one that takes no new files.
 
 
@@ -98,8 +97,8 @@ def write_failed(path: str, error: Exception, saved: bool | None = None) -> User
   then = {True: ' to resume from the newest checkpoint',
           False: ' to start again: no checkpoint is there to resume from', None: ''}[saved]
   fix = ('move the folder or file in its way out of it' if reason in IN_THE_WAY
-         else 'make sure the folder that holds it is there and takes new files' if reason == NO_FOLDER
-         else 'free space or restore access there')
+         else 'make sure the folder that holds it is there and takes new files'
+         if reason == NO_FOLDER else 'free space or restore access there')
   return UserError(f'cannot write {path} ({reason}); {fix}, then rerun the same command{then}')
 
 

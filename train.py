@@ -214,7 +214,7 @@ def exit_past_abandoned_work(status: int) -> None:
   made leaves orbax's threads waiting minutes for that folder, which would hold the exit, then print
   their tracebacks. (The run closed its checkpoints first: every save that could end has ended.)
   The error's line is out: what threads that the error stranded report after it is not shown."""
-  from trainer import processes  # pylint: disable=g-import-not-at-top
+  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
   processes.quiet_stderr()
   others = [thread for thread in threading.enumerate()
             if not thread.daemon and thread is not threading.current_thread()]
@@ -222,16 +222,9 @@ def exit_past_abandoned_work(status: int) -> None:
   while any(thread.is_alive() for thread in others) and time.monotonic() < deadline:
     time.sleep(0.05)
   if any(thread.is_alive() for thread in others):
-    end_at_once(status)
+    run_dirs.release_held_locks()
+    processes.end_now(status)
   sys.exit(status)
-
-
-def end_at_once(status: int) -> None:
-  """Ends the process without waiting for its threads, its run locks released first: it certainly
-  writes nothing more, and a rerun need not wait for a lock left behind to go stale."""
-  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
-  run_dirs.release_held_locks()
-  processes.end_now(status)
 
 
 def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
@@ -240,10 +233,12 @@ def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
   lifelines' thread, or the main thread's failed collective."""
   if not _ENDING.acquire(blocking=False):
     threading.Event().wait()  # The other thread is ending the process.
-  from trainer import processes  # pylint: disable=g-import-not-at-top
+  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
   processes.hold_stderr()  # JAX, where it aborts the process now, waits for this line.
-  sys.stdout.flush()  # The epochs' lines before this one.
-  fail(processes.lost_peer_line(run_dir, this_command()), 1, exit_now=end_at_once)
+  line = processes.lost_peer_line(run_dir, this_command())
+  run_dirs.release_held_locks()  # Before the line: a warning of its release is not cut off.
+  sys.stdout.flush()
+  fail(line, 1, exit_now=processes.end_now)
 
 
 def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Callable[[str], None]:

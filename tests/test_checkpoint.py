@@ -34,8 +34,8 @@ from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import LOCK_FILE, RunDirectory
 from tests.test_library_errors import orbax_step_metadata_warnings
-from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, make_config, override_flags, read_metrics,
-                            run_train, without_timings)
+from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, make_config, override_flags,
+                            read_metrics, run_train, without_timings)
 
 CONFIG = '--config=configs/default.py'
 # A checkpoint every epoch, however little time has passed since the last: these runs check what
@@ -346,8 +346,8 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
 
 
 XLA_OUT_OF_MEMORY = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.'
-NUMPY_OUT_OF_MEMORY = ('Unable to allocate 1.50 MiB for an array with shape (784, 512) and data type '
-                       'float32')
+NUMPY_OUT_OF_MEMORY = ('Unable to allocate 1.50 MiB for an array with shape (784, 512) and data '
+                       'type float32')
 
 
 @pytest.mark.parametrize('error, said', [

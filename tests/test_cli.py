@@ -15,8 +15,9 @@ from absl import flags
 
 import train
 from errors import THREAD_REFUSED, UserError, say
-from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly, limit_address_space,
-                            make_config, override_flags, read_metrics, run_train)
+from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly,
+                            limit_address_space, make_config, override_flags, read_metrics,
+                            run_train)
 from trainer import config_rules
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
@@ -345,8 +346,11 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
   args = [CONFIG, f'--workdir={workdir}', *override_flags(
       num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
   child = (
-      'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\nsave = ocp.CheckpointManager.save\n'
-      'def stranded():\n  time.sleep(0.5)\n  raise RuntimeError("a stranded thread reports")\n'
+      'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
+      'save = ocp.CheckpointManager.save\n'
+      # Past the run's closing, within the time train.py's exit waits for threads.
+      f'def stranded():\n  time.sleep({train.ABANDONED_GRACE_S / 2})\n'
+      '  raise RuntimeError("a stranded thread reports")\n'
       'def refused(manager, step, *args, **kwargs):\n  if step == 2:\n'
       '    threading.Thread(target=stranded).start()\n'
       f'    raise RuntimeError({THREAD_REFUSED!r})\n'

@@ -88,6 +88,20 @@ def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
   assert (tmp_path / LOCK_FILE).read_text() == ''
 
 
+def test_a_lock_file_copied_back_by_hand_is_this_runs_own_and_taken_again(tmp_path):
+  """An editor's save, a backup restored: a new file, with this run's own text in it."""
+  warnings = []
+  with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:
+    text = (tmp_path / LOCK_FILE).read_text()
+    (tmp_path / LOCK_FILE).unlink()
+    (tmp_path / LOCK_FILE).write_text(text)
+    assert not lock.lost()
+    assert warnings == [f'the run lock {tmp_path / LOCK_FILE} was removed while this run held it; '
+                        'this run took it again (leave run.lock in place while a run uses its '
+                        'directory)']
+  assert (tmp_path / LOCK_FILE).read_text() == ''
+
+
 def test_a_run_whose_removed_lock_another_run_took_stops_and_leaves_that_lock(tmp_path):
   with RunLock(RunDirectory(tmp_path)) as first:
     (tmp_path / LOCK_FILE).unlink()
@@ -118,7 +132,7 @@ def test_a_run_whose_removed_lock_a_killed_run_left_stops_and_leaves_that_lock(t
 TAKEN_AFTER_REMOVAL = (
     'another training run took the run directory {} after its run lock was removed by hand; this '
     'run stops without writing more: once that run has ended, the same command resumes from the '
-    'newest checkpoint (leave run.lock in place while a run uses its directory)')
+    'newest checkpoint there, if any (leave run.lock in place while a run uses its directory)')
 
 
 def hold(workdir, stale_after: float = 120) -> subprocess.Popen:

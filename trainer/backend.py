@@ -88,8 +88,9 @@ def machine_limits_said() -> Iterator[None]:
     if isinstance(memory_error, MemoryError):  # Python's, on the host, whatever the device.
       reason = f'MemoryError: {reason}' if reason else 'MemoryError'
       raise UserError(f'this machine ran out of memory ({reason}); free memory (close other '
-                      'programs), then rerun the same command, or use a machine with more memory'
-                      ) from error
+                      "programs, or raise the process's memory limit) and rerun the same command, "
+                      'or lower batch_size, num_models or model.hidden_sizes in a new --workdir, '
+                      'or use a machine with more memory') from error
     backend = jax.default_backend()
     device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
     raise UserError(f'{device} ran out of memory ({reason}); lower eval_batch_size (the same '
@@ -98,4 +99,5 @@ def machine_limits_said() -> Iterator[None]:
 
 
 def _first_line(error: BaseException) -> str:
+  """An error's first line, its spaces as one: XLA's texts run on over many lines."""
   return ' '.join((str(error).strip().splitlines() or [''])[0].split())

@@ -243,7 +243,7 @@ class _Flock:
       with contextlib.suppress(OSError):  # Its flush fails again; the file still closes, unlocked.
         lock.close()
       return self._workdir.refused_write(LOCK_FILE, error)
-    if left:
+    if left and left != _owner():
       self._warn(_taken_over(self._workdir, left))
     self._file = lock
     return None
@@ -255,9 +255,8 @@ class _Flock:
       self._file = None
 
   def lost(self) -> bool:
-    """Whether the lock file was removed or replaced by hand and another run took the new one, held
-    or left (killed): a lock on a file gone from its path stops no newcomer, and a newcomer's
-    checkpoints may follow this run's. A new file that names no run is taken."""
+    """Whether another run took the lock file that replaced this run's, held or left (killed): a
+    lock on a file gone from its path stops no newcomer. One naming no other run is taken."""
     held = self._file
     if held is None or self._in_place(held):
       return False
@@ -270,9 +269,10 @@ class _Flock:
     return isinstance(refusal, Busy)
 
   def _names_a_run(self) -> bool:
+    """Whether the lock file names another run: one that took it, and may have saved since."""
     try:
       with open(self._path, encoding='utf-8') as lock:
-        return bool(lock.read().strip())
+        return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
     except OSError:  # Gone, or not a file to read: take() says what it is.
       return False
 
@@ -415,7 +415,7 @@ class RunLock:
       raise UserError(f'another training run took the run directory {self._workdir} after its '
                       'run lock was removed by hand; this run stops without writing more: once '
                       'that run has ended, the same command resumes from the newest checkpoint '
-                      f'(leave {LOCK_FILE} in place while a run uses its directory)')
+                      f'there, if any (leave {LOCK_FILE} in place while a run uses its directory)')
     raise UserError(f'another training run took over the run directory {self._workdir} while '
                     'this one could not refresh its lock (paused, or cut off from Cloud Storage) '
                     'or after it was removed by hand; this run stops without writing more')
