@@ -341,21 +341,22 @@ def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_r
 def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads_report_after(
     tmp_path, mnist_dir):
   """Orbax's save of epoch 2 meets Python's refusal of a thread, as on a machine at its limit of
-  processes, and leaves a thread of its own that reports a failure a moment later."""
+  processes, and leaves a thread of its own that reports a failure after the run's line."""
   workdir = tmp_path / 'run'
   args = [CONFIG, f'--workdir={workdir}', *override_flags(
       num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
   child = (
-      'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
-      'save = ocp.CheckpointManager.save\n'
-      # Past the run's closing, within the time train.py's exit waits for threads.
-      f'def stranded():\n  time.sleep({train.ABANDONED_GRACE_S / 2})\n'
-      '  raise RuntimeError("a stranded thread reports")\n'
+      'import errors, runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
+      'said, fail, save = threading.Event(), errors.fail, ocp.CheckpointManager.save\n'
+      'def failing(message, status, exit_now=sys.exit):  # Its line out, then train.py\'s exit.\n'
+      '  fail(message, status, exit_now=lambda code: (said.set(), exit_now(code)))\n'
+      'def stranded():  # Reports once the run has said its line, as its exit waits for threads.\n'
+      '  said.wait(120)\n  time.sleep(0.5)\n  raise RuntimeError("a stranded thread reports")\n'
       'def refused(manager, step, *args, **kwargs):\n  if step == 2:\n'
       '    threading.Thread(target=stranded).start()\n'
       f'    raise RuntimeError({THREAD_REFUSED!r})\n'
       '  return save(manager, step, *args, **kwargs)\n'
-      'ocp.CheckpointManager.save = refused\n'
+      'errors.fail, ocp.CheckpointManager.save = failing, refused\n'
       'sys.argv = sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
   out = subprocess.run([sys.executable, '-c', child, 'train.py', *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)

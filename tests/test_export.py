@@ -210,8 +210,9 @@ def test_a_mistake_ends_in_one_line_and_changes_nothing(case, run, tmp_path):
 def test_a_run_is_exported_while_it_trains_and_saves_on(tmp_path, mnist_dir):
   workdir, out = tmp_path / 'run', tmp_path / 'model'
   command = [sys.executable, 'train.py', '--config=configs/quick.py', f'--workdir={workdir}',
+             # A save each 2 s, 3 kept: the checkpoint the export lists lives past its read.
              *override_flags(num_epochs=500, data__train_split='train[:2000]',
-                             data__eval_split='test[:500]', checkpoint_min_seconds=0)]
+                             data__eval_split='test[:500]', checkpoint_min_seconds=2)]
   with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                         text=True) as training:
     while not (workdir / '1').is_dir():  # Epoch 1's checkpoint committed; the run trains on.

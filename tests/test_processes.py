@@ -261,7 +261,8 @@ def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_workdir(t
   processes = launch_two_processes(args, lambda i: 'run',
                                    cwd=tmp_path)  # Not the project's root, where the relay runs.
   # Killed after the first checkpoint (epoch 3), before the last one starts (epoch 6).
-  kill_once(processes, 0, lambda: bool(complete_epochs(named)), every=0.2)
+  # Asked often: epoch 3's save may commit only as epoch 6's begins, shortly before the end.
+  kill_once(processes, 0, lambda: bool(complete_epochs(named)), every=0.02)
   (_, _), (_, stderr) = finish(processes)
   assert processes[1].returncode != 0
   assert stderr.strip().splitlines() == [lost_line(named, max(complete_epochs(named)),
@@ -303,7 +304,8 @@ def test_a_process_lost_during_a_save_to_a_bucket_ends_the_other_at_once_and_the
   _, stderr = survivor.communicate(timeout=120)
   seconds = time.monotonic() - killed
   processes[victim].communicate()
-  assert survivor.returncode == 1 and seconds < 10, (survivor.returncode, seconds, stderr)
+  # Not JAX's own detection, a minute or more: the bucket's listing and lock release, under load.
+  assert survivor.returncode == 1 and seconds < 30, (survivor.returncode, seconds, stderr)
   # The newest complete checkpoint when the survivor spoke: the one complete at the kill, or the
   # save in flight if the killed process had written its part and it completed before the line.
   # That save may also complete just after the line (a clean CI run saw it): the line stays true.
