@@ -61,6 +61,17 @@ def causes(error: BaseException | None) -> Iterator[BaseException]:
     error = error.__cause__ or error.__context__
 
 
+def first_cause(error: BaseException,
+                matches: Callable[[BaseException], bool]) -> BaseException | None:
+  """The outermost of `error`'s causes that `matches` (None if none does): libraries wrap them."""
+  return next((cause for cause in causes(error) if matches(cause)), None)
+
+
+def first_line(text: str) -> str:
+  """A text's first line: a library's error text may run on over many."""
+  return (text.strip().splitlines() or [''])[0]
+
+
 class UserError(Exception):
   """A mistake in the user's flags, config or data, or a fault of their machine; names the fix."""
 
@@ -81,7 +92,7 @@ def _os_reason(text: str) -> str:
     return found.group(1)
   if TENSORSTORE_SPACE_STATUS in text:
     return 'No space left on device, or over quota'
-  return (text.strip().splitlines() or [''])[0][:160]
+  return first_line(text)[:160]
 
 
 IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))  # A folder for a file, or back.

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from errors import DEVICE_OUT_OF_MEMORY, THREAD_REFUSED, UserError, causes
+from errors import DEVICE_OUT_OF_MEMORY, THREAD_REFUSED, UserError, first_cause, first_line
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
@@ -56,15 +56,15 @@ def out_of_memory(error: BaseException) -> BaseException | None:
   could not allocate a buffer, or Python's MemoryError; a config too big for the machine, not damage
   or a fault of the storage."""
   import jax  # pylint: disable=g-import-not-at-top
-  return next((cause for cause in causes(error) if isinstance(cause, MemoryError) or (
-      isinstance(cause, jax.errors.JaxRuntimeError) and DEVICE_OUT_OF_MEMORY.search(str(cause)))),
-              None)
+  return first_cause(error, lambda cause: isinstance(cause, MemoryError) or (
+      isinstance(cause, jax.errors.JaxRuntimeError)
+      and bool(DEVICE_OUT_OF_MEMORY.search(str(cause)))))
 
 
 def _no_thread(error: BaseException) -> BaseException | None:
   """Python's error among `error`'s causes when the OS would not start another thread."""
-  return next((cause for cause in causes(error) if isinstance(cause, RuntimeError)
-               and str(cause) == THREAD_REFUSED), None)
+  return first_cause(error, lambda cause: isinstance(cause, RuntimeError)
+                     and str(cause) == THREAD_REFUSED)
 
 
 @contextlib.contextmanager
@@ -84,7 +84,7 @@ def machine_limits_said() -> Iterator[None]:
     memory_error = out_of_memory(error)
     if memory_error is None:
       raise
-    reason = _first_line(memory_error)
+    reason = ' '.join(first_line(str(memory_error)).split())  # Its spaces as one.
     if isinstance(memory_error, MemoryError):  # Python's, on the host, whatever the device.
       reason = f'MemoryError: {reason}' if reason else 'MemoryError'
       raise UserError(f'this machine ran out of memory ({reason}); free memory (close other '
@@ -97,7 +97,3 @@ def machine_limits_said() -> Iterator[None]:
                     'command then resumes), or batch_size, num_models or model.hidden_sizes in a '
                     'new --workdir, or use a device with more memory') from error
 
-
-def _first_line(error: BaseException) -> str:
-  """An error's first line, its spaces as one: XLA's texts run on over many lines."""
-  return ' '.join((str(error).strip().splitlines() or [''])[0].split())

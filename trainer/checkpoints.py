@@ -27,7 +27,7 @@ from etils import epath
 from mlp import steps
 from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
                     ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
-from errors import UserError, causes
+from errors import UserError, causes, first_cause, first_line
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -167,8 +167,7 @@ def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.Checkpoi
 
 
 def _why(error: BaseException) -> str:
-  lines = str(error).strip().splitlines() or ['']
-  return f'{type(error).__name__}: {lines[0][:160]}'
+  return f'{type(error).__name__}: {first_line(str(error))[:160]}'
 
 
 class _Damaged(Exception):
@@ -187,12 +186,10 @@ def named_damage(error: BaseException) -> str | None:
   (a file cut short) statuses and chunks that no longer decode. An I/O error, memory, anything
   else: None.
   """
-  for cause in causes(error):
-    if (isinstance(cause, (FileNotFoundError, IsADirectoryError, NotADirectoryError,
-                           json.JSONDecodeError, UnicodeDecodeError, MalformedMetadata))
-        or TENSORSTORE_DAMAGE_STATUS.search(str(cause))):
-      return _why(cause)
-  return None
+  damage = first_cause(error, lambda cause: isinstance(cause, (
+      FileNotFoundError, IsADirectoryError, NotADirectoryError, json.JSONDecodeError,
+      UnicodeDecodeError, MalformedMetadata)) or bool(TENSORSTORE_DAMAGE_STATUS.search(str(cause))))
+  return _why(damage) if damage else None
 
 
 class _OrbaxReports(logging.Filter):
