@@ -1,5 +1,6 @@
 """Errors a user can act on: the library raises them, train.py prints each as one line, its fix."""
 
+import contextlib
 import errno
 import os
 import re
@@ -126,6 +127,21 @@ def say(line: str, stream: TextIO) -> None:
     if not isinstance(error, BrokenPipeError):
       raise UserError(f'cannot write the output ({error.strerror}); free space where it is '
                       'redirected, then rerun the same command') from error
+
+
+@contextlib.contextmanager
+def native_stderr_muted() -> Iterator[None]:
+  """Keeps other libraries' C++ logs off the user's lines: they write to file descriptor 2, not to
+  sys.stderr, and TensorFlow 2.19 and later log at import whatever TF_CPP_MIN_LOG_LEVEL says."""
+  sys.stderr.flush()
+  kept, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, 2)
+  try:
+    yield
+  finally:
+    os.dup2(kept, 2)
+    os.close(kept)
+    os.close(devnull)
 
 
 def end_at_ctrl_c(line: str) -> None:

@@ -11,7 +11,7 @@ import numpy as np
 from absl import logging
 
 from data.idx import FILES, data_folder, unreadable
-from errors import UserError
+from errors import UserError, native_stderr_muted
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
 FILES_HELP = (f'TFDS prepares MNIST from its four canonical files ({", ".join(CANONICAL_FILES)}): '
@@ -56,9 +56,11 @@ def _prepare(tfds: types.ModuleType, builder: Any, folder: pathlib.Path) -> None
 def load_tfds(split: str, manual_dir: str = '',
               data_dir: str = '') -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, 28, 28], labels int32 [N]) of a split that TFDS prepares from manual_dir."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's logs as it reads the files.
   try:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
+    with native_stderr_muted():  # TensorFlow's C++ start-up notes, not ours to show; TFDS would
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; import it later.
+      import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
   except ImportError as error:
     raise UserError(f'data.source=tfds needs TensorFlow Datasets ({error}), an extra that `make '
                     'train` leaves out: pip install -r requirements/tfds.txt (TensorFlow has wheels '

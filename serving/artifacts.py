@@ -2,18 +2,16 @@
 out, any N, the parameters inside. StableHLO by `jax.export` needs JAX alone to run; the SavedModel,
 by jax2tf, TensorFlow alone (jax2tf wraps a `jax.export` lowering of it in one TensorFlow op)."""
 
-import contextlib
 import functools
 import json
 import os
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
+from errors import UserError, native_stderr_muted
 from mlp import inference
 from mlp import steps
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, STABLEHLO
@@ -29,9 +27,10 @@ Classify = Callable[[jax.Array], jax.Array]
 
 def require_tensorflow() -> None:
   """Imports TensorFlow now, or raises the UserError naming the extra that installs it."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # Its C++ start-up notes, not ours to show.
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # Its logs as it converts and saves.
   try:
-    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    with native_stderr_muted():  # Its C++ start-up notes, not ours to show.
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   except ImportError as error:
     raise UserError(f'--formats={SAVED_MODEL} needs TensorFlow ({error}), an extra that `make '
                     f'train` leaves out: {TENSORFLOW_EXTRA} (TensorFlow has wheels for Python 3.11 '
@@ -62,20 +61,6 @@ def write_saved_model(classify: Classify, path: str) -> None:
   except tf.errors.OpError as error:  # Its file errors read 'PATH; No space left on device'.
     raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # OutFolder words the line.
   check_tensorflow_runs(path)
-
-
-@contextlib.contextmanager
-def native_stderr_muted() -> Iterator[None]:
-  """Sends file descriptor 2 (C++ logs write there, not to sys.stderr) to /dev/null meanwhile."""
-  sys.stderr.flush()
-  kept, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 2)
-  try:
-    yield
-  finally:
-    os.dup2(kept, 2)
-    os.close(kept)
-    os.close(devnull)
 
 
 def check_tensorflow_runs(path: str) -> None:

@@ -85,6 +85,11 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300,
                         text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+# TensorFlow 2.19 and later log to file descriptor 2 at import wherever oneDNN is on (by default
+# on CPUs with AVX512_VNNI or newer), whatever TF_CPP_MIN_LOG_LEVEL says: on here, on any CPU.
+TENSORFLOW_LOGS_AT_IMPORT = {'TF_ENABLE_ONEDNN_OPTS': '1'}
+
+
 # The fix a device out of memory names (trainer/backend.py).
 LOWER_OR_MORE_MEMORY = ('lower eval_batch_size (the same command then resumes), or batch_size, '
                         'num_models or model.hidden_sizes in a new --workdir, or use a device with '

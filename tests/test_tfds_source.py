@@ -15,7 +15,7 @@ from data.mnist import Examples, load_split, load_splits
 from trainer import loop
 from trainer.run_dir import RunDirectory
 from errors import UserError
-from tests.conftest import make_config
+from tests.conftest import TENSORFLOW_LOGS_AT_IMPORT, make_config, override_flags, run_train
 
 # The TFDS extra, which make test installs wherever TensorFlow has wheels (not yet Python 3.14).
 tfds = pytest.importorskip('tensorflow_datasets', reason='the TFDS extra is not installed: '
@@ -61,6 +61,11 @@ def test_tfds_prepares_the_carried_files_offline_the_idx_examples_and_trains(tmp
   record = loop.train_and_evaluate(config, RunDirectory(tmp_path / 'run'))
   assert record['epoch'] == 1 and record['eval_accuracy'] > 0.5, record  # Chance: 0.1.
   assert no_network == [], no_network
+  by_hand = run_train('--config=configs/quick.py', f'--workdir={tmp_path / "by_hand"}',
+                      *override_flags(data__source='tfds', data__dir='', num_epochs=1,
+                                      data__tfds_data_dir=str(tmp_path / 'tfds')),
+                      env=TENSORFLOW_LOGS_AT_IMPORT)
+  assert by_hand.returncode == 0 and by_hand.stderr == '', by_hand.stderr  # Not TensorFlow's notes.
 
 
 def test_a_copy_that_is_not_byte_for_byte_canonical_is_refused_in_one_line(tmp_path, mnist_dir):
