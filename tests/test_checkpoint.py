@@ -824,15 +824,17 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   """The same path as a full disk, on any machine: orbax reports a failed background save.
 
   Once epoch 2's save has started, orbax "reports" it failed whenever the run next asks: at the
-  end of epoch 3, or in epoch 3's save if that save is still running then.
+  end of epoch 3, or in epoch 3's save. Each report first waits for the save as orbax would, so
+  that no save still writes while the run clears up after the failure.
   """
-  saved, save = [], checkpoint.Checkpoints.save
+  saved, save, wait = [], checkpoint.Checkpoints.save, checkpoint.ocp.CheckpointManager.wait_until_finished
 
   def counted_save(self, epoch, *args, **kwargs):
     save(self, epoch, *args, **kwargs)
     saved.append(epoch)
 
   def failing_wait(manager):
+    wait(manager)
     if len(saved) >= 2:
       raise ValueError('RESOURCE_EXHAUSTED: Failed writing: "x": Failed to write 4931 bytes to '
                        "file 16: No space left on device [os_error_code='28']")

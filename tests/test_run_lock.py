@@ -1,6 +1,7 @@
 """One training run per run directory: a second run stops at once; a killed holder blocks nothing."""
 
 import os
+import pathlib
 import re
 import signal
 import socket
@@ -204,7 +205,7 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
   first = start_train(args)
   try:
     wait_until(lambda: (tmp_path / '1').is_dir(), first)  # Epoch 1 is saved.
-    first.send_signal(signal.SIGSTOP)
+    paused_between_saves(first, tmp_path)
     (tmp_path / LOCK_FILE).unlink()
     second = start_train(args)
     lock = tmp_path / LOCK_FILE
@@ -217,6 +218,20 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
     first.kill()
   assert recorded_epochs(tmp_path) == list(range(1, 21))  # Each epoch recorded once.
   assert (tmp_path / LOCK_FILE).read_text() == ''  # Released by the run that went on.
+
+
+def paused_between_saves(run: subprocess.Popen, workdir) -> None:
+  """SIGSTOP where no save of the run is being written (no orbax temporary folder): a save that
+  committed later could land beside the checkpoints of the run that comes next."""
+  def stop() -> None:
+    run.send_signal(signal.SIGSTOP)
+    while pathlib.Path(f'/proc/{run.pid}/stat').read_text().rsplit(') ', 1)[1][0] != 'T':
+      time.sleep(0.001)  # Until it has stopped: from then on no folder of its can appear.
+  stop()
+  while list(workdir.glob('*.orbax-checkpoint-tmp*')):
+    run.send_signal(signal.SIGCONT)
+    time.sleep(0.02)
+    stop()
 
 
 def short_run(workdir, **overrides) -> list[str]:
