@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from PIL import Image
 
 from data import digit_images
 from data.mnist import load_split
+from errors import THREAD_REFUSED, UserError
 from tests.conftest import ROOT, make_config, run_train
 from trainer import checkpoints, config_rules, evaluation, pictures
 from trainer.reporting import EVAL_FILE
@@ -77,6 +79,21 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
 
 
 @pytest.mark.slow
+def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_run, monkeypatch):
+  """predict.py and export.py read the run so: orbax lists its checkpoints in threads, and a
+  machine short of memory or at its limit of processes refuses them (as under `ulimit -v 1500000`)."""
+  def refused(thread):
+    raise RuntimeError(THREAD_REFUSED)
+
+  workdir, _ = quick_run
+  monkeypatch.setattr(threading.Thread, 'start', refused)
+  with pytest.raises(UserError) as stopped:
+    evaluation.restore_run(RunDirectory(workdir))
+  monkeypatch.undo()
+  assert str(stopped.value).startswith(
+      "this machine would not start another thread (can't start new thread): it is short of memory")
+
+
 def test_eval_images_saved_as_png_get_the_trainers_own_predictions(quick_run, predicted):
   workdir, _ = quick_run
   config, restored = evaluation.restore_run(RunDirectory(workdir))

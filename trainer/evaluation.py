@@ -105,16 +105,16 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
   missing = _no_checkpoint(run_dir, '; pass the --workdir of a trained run, or train one first: '
                            f'python train.py --config=configs/quick.py --workdir={run_dir}')
   run_dir.check_not_a_file()
-  backend.start()
-  flat = checkpoints.saved_config(run_dir)
-  if flat is None:
-    raise missing
-  config = config_rules.config_from_flat(flat)
-  config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
-  run_key = keys_of(config)[1]  # What the saved run key is checked against.
-  with backend.machine_limits_said(), Checkpoints(run_dir, config, run_key, warn=warn,
-                                                 read_only=True) as saved:
-    restored = saved.restore(state_template(config, make_mesh('jit')))
+  with backend.machine_limits_said():  # Orbax lists the checkpoints in threads, too.
+    backend.start()
+    flat = checkpoints.saved_config(run_dir)
+    if flat is None:
+      raise missing
+    config = config_rules.config_from_flat(flat)
+    config.parallel, config.num_devices = 'jit', 0  # One device here, whatever the run trained on.
+    run_key = keys_of(config)[1]  # What the saved run key is checked against.
+    with Checkpoints(run_dir, config, run_key, warn=warn, read_only=True) as saved:
+      restored = saved.restore(state_template(config, make_mesh('jit')))
   if restored is None:
     raise missing
   return config, restored
