@@ -4,11 +4,14 @@ import contextlib
 import errno
 import os
 import re
+import shlex
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
+
+PROJECT_ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # Other libraries' errors that only their text tells apart (no exception type or status code of
 # their own), all here; each is provoked from the pinned versions (tests/test_library_errors.py).
@@ -144,10 +147,41 @@ def native_stderr_muted() -> Iterator[None]:
     os.close(devnull)
 
 
-def end_at_ctrl_c(line: str) -> None:
-  """From now on a Ctrl-C ends the program at once in `line`: a KeyboardInterrupt would end in a
-  traceback of whatever it met, an import among them."""
-  signal.signal(signal.SIGINT, lambda *_: fail(line, 130, exit_now=os._exit))
+def start_command(ctrl_c_line: str) -> None:
+  """A command's first step, before its imports: from now on a Ctrl-C ends it at once in
+  `ctrl_c_line` (a KeyboardInterrupt would end in a traceback of whatever it met, an import among
+  them), and a module this Python lacks is one line naming the Python that has it."""
+  signal.signal(signal.SIGINT, lambda *_: fail(ctrl_c_line, 130, exit_now=os._exit))
+  default_hook = sys.excepthook
+
+  def one_line_for_a_missing_module(kind, error, trace) -> None:
+    line = missing_module(error) if isinstance(error, ModuleNotFoundError) else None
+    if line is None:
+      default_hook(kind, error, trace)
+    else:
+      print(f'error: {line}', file=sys.stderr, flush=True)  # Python's exit status: 1.
+  sys.excepthook = one_line_for_a_missing_module
+
+
+def missing_module(error: ModuleNotFoundError) -> str | None:
+  """The line for a library this Python lacks, as where a command is run without the project's
+  environment; None for a module of the project's own (a fault of the code, not of the set-up)."""
+  name = (error.name or '').split('.')[0]
+  if not name or any(os.path.exists(os.path.join(PROJECT_ROOT, name + end)) for end in ('', '.py')):
+    return None
+  python, venv = _shown(sys.executable), os.path.join(PROJECT_ROOT, '.venv')
+  fix = (f'install the requirements into this Python: {python} -m pip install -r '
+         f'{_shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}')
+  if os.path.realpath(sys.prefix) != os.path.realpath(venv):
+    fix = (f'run the command with the Python of its environment, {_shown(venv)}/bin/python '
+           f'{shlex.join(sys.argv)} (make train makes it), or {fix}')
+  return f'this Python ({python}) has no module {name!r}, which this project needs; {fix}'
+
+
+def _shown(path: str) -> str:
+  """A path as the user may type it from here: relative below this folder, else absolute."""
+  relative = os.path.relpath(path)
+  return os.path.abspath(path) if relative.startswith('..') else relative
 
 
 def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:

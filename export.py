@@ -4,9 +4,9 @@ import os
 import signal
 import sys
 
-if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
-  from errors import end_at_ctrl_c
-  end_at_ctrl_c('stopped by Ctrl-C; nothing was exported')
+if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+  from errors import start_command
+  start_command('stopped by Ctrl-C; nothing was exported')
 
 from absl import app
 from absl import flags

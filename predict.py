@@ -5,9 +5,9 @@ import os
 import sys
 import warnings
 
-if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
-  from errors import end_at_ctrl_c
-  end_at_ctrl_c('stopped by Ctrl-C; rerun the same command to classify the images')
+if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+  from errors import start_command
+  start_command('stopped by Ctrl-C; rerun the same command to classify the images')
 
 import numpy as np
 from absl import app

@@ -13,9 +13,9 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-if __name__ == '__main__':  # Ctrl-C from the first moment on is one line, never a traceback.
-  from errors import end_at_ctrl_c
-  end_at_ctrl_c('stopped by Ctrl-C while starting; nothing was written')
+if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+  from errors import start_command
+  start_command('stopped by Ctrl-C while starting; nothing was written')
 
 import ml_collections  # pylint: disable=wrong-import-position
 from absl import app

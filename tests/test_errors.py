@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from errors import write_failed
+from errors import missing_module, write_failed
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
 
@@ -48,3 +48,9 @@ def test_a_folder_that_is_not_there_or_takes_no_files_is_named_as_the_fix():
   assert str(write_failed('/proc/self/export', error)) == (
       'cannot write /proc/self/export (No such file or directory); make sure the folder that holds '
       'it is there and takes new files, then rerun the same command')
+
+
+def test_a_module_of_the_project_missing_is_no_set_up_line_but_a_fault_of_the_code():
+  assert missing_module(ModuleNotFoundError("No module named 'trainer.gone'", name='trainer.gone')) is None
+  assert missing_module(ModuleNotFoundError("No module named 'gone'", name='errors')) is None
+  assert 'no module \'orbax\'' in missing_module(ModuleNotFoundError(name='orbax.checkpoint'))

@@ -81,3 +81,20 @@ def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_p
   assert_fails_cleanly(['--config=configs/quick.py', *override_flags(data__source='tfds')],
                        'pip install -r requirements/tfds.txt', tmp_path / 'run',
                        env={'PYTHONPATH': str(hidden)})
+
+
+@pytest.mark.parametrize('command, module', [
+    (['train.py', '--config=configs/quick.py'], 'ml_collections'),
+    (['predict.py', '--workdir=run', 'docs/digits'], 'numpy'),
+    (['export.py', '--workdir=run', '--out=model'], 'absl')])
+def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_fixes(command, module):
+  """As when a user runs `python train.py` without the environment `make train` made."""
+  out = subprocess.run([sys.executable, '-S', *command], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)  # -S: no site-packages, the standard library alone.
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1, out.stderr
+  assert lines[0].startswith('error: this Python (') and (
+      f'has no module {module!r}, which this project needs; run the command with the Python of its '
+      f'environment, .venv/bin/python {" ".join(command)} (make train makes it), or install the '
+      'requirements into this Python: ') in lines[0], lines[0]
+  assert lines[0].endswith(' -m pip install -r requirements.txt')
