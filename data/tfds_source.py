@@ -58,8 +58,8 @@ def load_tfds(split: str, manual_dir: str = '',
   """(images uint8 [N, 28, 28], labels int32 [N]) of a split that TFDS prepares from manual_dir."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's logs as it reads the files.
   try:
-    with native_stderr_muted():  # TensorFlow's C++ start-up notes, not ours to show; TFDS would
-      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; import it later.
+    with native_stderr_muted():  # TensorFlow's C++ start-up notes, not ours to show: imported
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; here, not by TFDS mid-load
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
   except ImportError as error:
     raise UserError(f'data.source=tfds needs TensorFlow Datasets ({error}), an extra that `make '
