@@ -76,6 +76,32 @@ def first_line(text: str) -> str:
   return (text.strip().splitlines() or [''])[0]
 
 
+def host_limit(error: BaseException) -> str | None:
+  """The line for this machine out of threads or memory, found among `error`'s causes (None if
+  neither): where no part of a command met it first (e.g. in an import)."""
+  memory_error = first_cause(error, lambda cause: isinstance(cause, MemoryError))
+  return thread_refused(error) or (host_out_of_memory(memory_error) if memory_error else None)
+
+
+def thread_refused(error: BaseException) -> str | None:
+  """The line for Python's error among `error`'s causes when the OS would not start a thread."""
+  refused = first_cause(error, lambda cause: isinstance(cause, RuntimeError)
+                        and str(cause) == THREAD_REFUSED)
+  return None if refused is None else (
+      f'this machine would not start another thread ({refused}): it is short of memory or at its '
+      "limit of processes (ulimit -u, or a container's pids limit); free memory or raise that "
+      'limit, then rerun the same command')
+
+
+def host_out_of_memory(memory_error: BaseException) -> str:
+  """The line for Python's MemoryError: the host's memory, whatever the device."""
+  reason = ' '.join(first_line(str(memory_error)).split())  # Its spaces as one.
+  return (f'this machine ran out of memory ({f"MemoryError: {reason}" if reason else "MemoryError"}'
+          "); free memory (close other programs, or raise the process's memory limit) and rerun "
+          'the same command, or lower batch_size, num_models or model.hidden_sizes in a new '
+          '--workdir, or use a machine with more memory')
+
+
 class UserError(Exception):
   """A mistake in the user's flags, config or data, or a fault of their machine; names the fix."""
 
@@ -150,17 +176,19 @@ def native_stderr_muted() -> Iterator[None]:
 def start_command(ctrl_c_line: str) -> None:
   """A command's first step, before its imports: from now on a Ctrl-C ends it at once in
   `ctrl_c_line` (a KeyboardInterrupt would end in a traceback of whatever it met, an import among
-  them), and a module this Python lacks is one line naming the Python that has it."""
+  them); a module this Python lacks, or a machine out of memory or threads, met where no part of
+  the command said so, is one line too."""
   signal.signal(signal.SIGINT, lambda *_: fail(ctrl_c_line, 130, exit_now=os._exit))
   default_hook = sys.excepthook
 
-  def one_line_for_a_missing_module(kind, error, trace) -> None:
-    line = missing_module(error) if isinstance(error, ModuleNotFoundError) else None
+  def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:
+    line = (missing_module(error) if isinstance(error, ModuleNotFoundError) else
+            host_limit(error) if isinstance(error, Exception) else None)
     if line is None:
       default_hook(kind, error, trace)
     else:
       print(f'error: {line}', file=sys.stderr, flush=True)  # Python's exit status: 1.
-  sys.excepthook = one_line_for_a_missing_module
+  sys.excepthook = one_line_for_the_set_up_or_the_machine
 
 
 def missing_module(error: ModuleNotFoundError) -> str | None:

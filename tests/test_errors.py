@@ -1,11 +1,15 @@
-"""errors.py: a refused write, however the library words it, becomes one line naming the OS's reason."""
+"""errors.py: a refused write, however the library words it, becomes one line naming the OS's reason; so
+do a library missing and a machine out of memory or threads wherever a command meets them."""
 
 import errno
 import os
+import subprocess
+import sys
 
 import pytest
 
-from errors import missing_module, write_failed
+from errors import THREAD_REFUSED, missing_module, write_failed
+from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
 
@@ -54,3 +58,25 @@ def test_a_module_of_the_project_missing_is_no_set_up_line_but_a_fault_of_the_co
   assert missing_module(ModuleNotFoundError("No module named 'trainer.gone'", name='trainer.gone')) is None
   assert missing_module(ModuleNotFoundError("No module named 'gone'", name='errors')) is None
   assert 'no module \'orbax\'' in missing_module(ModuleNotFoundError(name='orbax.checkpoint'))
+
+
+@pytest.mark.parametrize('raised, said', [
+    ("MemoryError('Unable to allocate output buffer.')",
+     'error: this machine ran out of memory (MemoryError: Unable to allocate output buffer.); free '
+     'memory'),
+    (f'RuntimeError({THREAD_REFUSED!r})',
+     "error: this machine would not start another thread (can't start new thread): it is short"),
+], ids=['memory', 'thread'])
+def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised, said):
+  """As where memory runs out while a library is imported: the commands' excepthook says it."""
+  out = subprocess.run([sys.executable, '-c', f'import errors; errors.start_command("stopped"); '
+                        f'raise {raised}'], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
+
+
+def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook():
+  out = subprocess.run([sys.executable, '-c', 'import errors; errors.start_command("stopped"); '
+                        'raise ValueError("a bug")'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+  assert out.returncode == 1 and out.stderr.startswith('Traceback') and 'ValueError: a bug' in out.stderr

@@ -7,7 +7,8 @@ import os
 import re
 from collections.abc import Iterator
 
-from errors import DEVICE_OUT_OF_MEMORY, THREAD_REFUSED, UserError, first_cause, first_line
+from errors import DEVICE_OUT_OF_MEMORY, UserError, first_cause, first_line
+from errors import host_out_of_memory, thread_refused
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
@@ -61,12 +62,6 @@ def out_of_memory(error: BaseException) -> BaseException | None:
       and bool(DEVICE_OUT_OF_MEMORY.search(str(cause)))))
 
 
-def _no_thread(error: BaseException) -> BaseException | None:
-  """Python's error among `error`'s causes when the OS would not start another thread."""
-  return first_cause(error, lambda cause: isinstance(cause, RuntimeError)
-                     and str(cause) == THREAD_REFUSED)
-
-
 @contextlib.contextmanager
 def machine_limits_said() -> Iterator[None]:
   """Memory that ran out, on the device or the host, or a thread the OS would not start, as the
@@ -76,21 +71,14 @@ def machine_limits_said() -> Iterator[None]:
   try:
     yield
   except Exception as error:  # pylint: disable=broad-except; re-raised unless a limit was met
-    if refused := _no_thread(error):
-      raise UserError(f'this machine would not start another thread ({refused}): it is short of '
-                      'memory or at its limit of processes (ulimit -u, or a container\'s pids '
-                      'limit); free memory or raise that limit, then rerun the same command'
-                      ) from error
+    if line := thread_refused(error):
+      raise UserError(line) from error
     memory_error = out_of_memory(error)
     if memory_error is None:
       raise
+    if isinstance(memory_error, MemoryError):
+      raise UserError(host_out_of_memory(memory_error)) from error
     reason = ' '.join(first_line(str(memory_error)).split())  # Its spaces as one.
-    if isinstance(memory_error, MemoryError):  # Python's, on the host, whatever the device.
-      reason = f'MemoryError: {reason}' if reason else 'MemoryError'
-      raise UserError(f'this machine ran out of memory ({reason}); free memory (close other '
-                      "programs, or raise the process's memory limit) and rerun the same command, "
-                      'or lower batch_size, num_models or model.hidden_sizes in a new --workdir, '
-                      'or use a machine with more memory') from error
     backend = jax.default_backend()
     device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
     raise UserError(f'{device} ran out of memory ({reason}); lower eval_batch_size (the same '
