@@ -1,7 +1,10 @@
 """Errors a user can act on: the library raises them, train.py prints each as one line, its fix."""
 
+from __future__ import annotations
+
 import contextlib
 import errno
+import importlib.util
 import os
 import re
 import shlex
@@ -160,15 +163,21 @@ def say(line: str, stream: TextIO) -> None:
 
 @contextlib.contextmanager
 def native_stderr_muted() -> Iterator[None]:
-  """Keeps other libraries' C++ logs off the user's lines: they write to file descriptor 2, not to
-  sys.stderr, and TensorFlow 2.19 and later log at import whatever TF_CPP_MIN_LOG_LEVEL says."""
-  sys.stderr.flush()
-  kept, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+  """Keeps other libraries' C++ logs off the user's lines: they write to file descriptor 2, and
+  TensorFlow 2.19 and later log at import whatever TF_CPP_MIN_LOG_LEVEL says. What Python writes
+  meanwhile (a Ctrl-C's line, a library's warning) still reaches the user through sys.stderr."""
+  python_stderr = sys.stderr
+  python_stderr.flush()
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  kept = os.dup(2)
+  sys.stderr = open(kept, 'w', buffering=1, errors='backslashreplace', closefd=False)
   os.dup2(devnull, 2)
   try:
     yield
   finally:
     os.dup2(kept, 2)
+    sys.stderr.close()  # Flushed; `kept` stays open until here.
+    sys.stderr = python_stderr
     os.close(kept)
     os.close(devnull)
 
@@ -182,8 +191,11 @@ def start_command(ctrl_c_line: str) -> None:
   default_hook = sys.excepthook
 
   def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:
-    line = (missing_module(error) if isinstance(error, ModuleNotFoundError) else
-            host_limit(error) if isinstance(error, Exception) else None)
+    try:
+      line = (missing_module(error) if isinstance(error, ModuleNotFoundError) else
+              host_limit(error) if isinstance(error, Exception) else None)
+    except Exception:  # pylint: disable=broad-except; the error itself is what matters here
+      line = None
     if line is None:
       default_hook(kind, error, trace)
     else:
@@ -192,24 +204,42 @@ def start_command(ctrl_c_line: str) -> None:
 
 
 def missing_module(error: ModuleNotFoundError) -> str | None:
-  """The line for a library this Python lacks, as where a command is run without the project's
+  """The line for a module this Python lacks, as where a command is run without the project's
   environment; None for a module of the project's own (a fault of the code, not of the set-up)."""
-  name = (error.name or '').split('.')[0]
-  if not name or any(os.path.exists(os.path.join(PROJECT_ROOT, name + end)) for end in ('', '.py')):
+  name = error.name or ''
+  top = name.split('.')[0]
+  if not top or any(os.path.isfile(os.path.join(PROJECT_ROOT, *path))
+                    for path in ((top, '__init__.py'), (f'{top}.py',))):
     return None
-  python, venv = _shown(sys.executable), os.path.join(PROJECT_ROOT, '.venv')
-  fix = (f'install the requirements into this Python: {python} -m pip install -r '
-         f'{_shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}')
-  if os.path.realpath(sys.prefix) != os.path.realpath(venv):
-    fix = (f'run the command with the Python of its environment, {_shown(venv)}/bin/python '
-           f'{shlex.join(sys.argv)} (make train makes it), or {fix}')
-  return f'this Python ({python}) has no module {name!r}, which this project needs; {fix}'
+  python = _shown(sys.executable)
+  if top in getattr(sys, 'stdlib_module_names', ()):  # Python 3.10 and later know theirs.
+    return (f'this Python ({python}) was built without its standard module {name!r} (a system '
+            'library was missing as it was compiled); make the environment with another Python: '
+            'make clean-env train PYTHON=/path/to/python3.12')
+  what = (f"this Python's {top} has no module {name!r} (another version than the project pins?)"
+          if top != name and _installed(top) else f'this Python ({python}) has no module {name!r}')
+  venv = os.path.join(PROJECT_ROOT, '.venv')
+  reinstall = f'{python} -m pip install -r {_shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}'
+  if os.path.realpath(sys.prefix) == os.path.realpath(venv):
+    return f'{what}, which this project needs; install its requirements again: {reinstall}'
+  fix = (f'run the command with the Python of its environment (make train makes it): '
+         f'{_shown(os.path.join(venv, "bin", "python"))} {shlex.join(sys.argv)}')
+  if sys.prefix != sys.base_prefix and sys.version_info >= (3, 11):  # A virtual environment.
+    fix += f', or install the requirements into this one: {reinstall}'
+  return f'{what}, which this project needs; {fix}'
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except (ImportError, ValueError):
+    return False
 
 
 def _shown(path: str) -> str:
-  """A path as the user may type it from here: relative below this folder, else absolute."""
+  """A path as the user may type it from here: relative below this folder, else absolute; quoted."""
   relative = os.path.relpath(path)
-  return os.path.abspath(path) if relative.startswith('..') else relative
+  return shlex.quote(os.path.abspath(path) if relative.startswith('..') else relative)
 
 
 def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:

@@ -62,8 +62,8 @@ def load_tfds(split: str, manual_dir: str = '',
       import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; here, not by TFDS mid-load
       import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
   except ImportError as error:
-    raise UserError(f'data.source=tfds needs TensorFlow Datasets ({error}), an extra that `make '
-                    'train` leaves out: pip install -r requirements/tfds.txt (TensorFlow has wheels '
+    raise UserError(f'data.source=tfds needs TensorFlow and TensorFlow Datasets ({error}), an extra '
+                    'that `make train` leaves out: pip install -r requirements/tfds.txt (TensorFlow has wheels '
                     'for Python 3.11 to 3.13), or read the same files with --config.data.source=idx'
                     ) from error
 

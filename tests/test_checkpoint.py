@@ -367,6 +367,20 @@ def test_memory_that_runs_out_in_a_restore_is_one_line_and_moves_nothing(small_c
   assert snapshot(small_copy) == before  # Not taken for damage: nothing set aside.
 
 
+def test_memory_that_runs_out_reading_a_checkpoint_s_metadata_is_no_damage(small_copy, monkeypatch):
+  """Its small JSON is read before anything restores: the machine's line, not 'cannot be read'."""
+  def out_of_memory(*_, **__):
+    raise MemoryError(NUMPY_OUT_OF_MEMORY)
+
+  before = snapshot(small_copy)
+  with monkeypatch.context() as patch, pytest.raises(UserError) as stopped:
+    patch.setattr(checkpoint.json, 'loads', out_of_memory)
+    evaluation.restore_run(RunDirectory(small_copy))
+  assert str(stopped.value) == (
+      f'this machine ran out of memory (MemoryError: {NUMPY_OUT_OF_MEMORY}); {FREE_MEMORY}')
+  assert snapshot(small_copy) == before
+
+
 def test_a_thread_the_machine_will_not_start_mid_run_is_one_line_and_the_rerun_resumes(
     tmp_path, monkeypatch):
   """Orbax starts a thread for each save: a machine at its limit of threads refuses the second."""

@@ -55,9 +55,29 @@ def test_a_folder_that_is_not_there_or_takes_no_files_is_named_as_the_fix():
 
 
 def test_a_module_of_the_project_missing_is_no_set_up_line_but_a_fault_of_the_code():
-  assert missing_module(ModuleNotFoundError("No module named 'trainer.gone'", name='trainer.gone')) is None
-  assert missing_module(ModuleNotFoundError("No module named 'gone'", name='errors')) is None
-  assert 'no module \'orbax\'' in missing_module(ModuleNotFoundError(name='orbax.checkpoint'))
+  assert missing_module(ModuleNotFoundError(name='trainer.gone')) is None
+  assert missing_module(ModuleNotFoundError(name='errors')) is None
+
+
+@pytest.mark.parametrize('prefix, base, fix', [
+    ('/usr', '/usr', 'run the command with the Python of its environment (make train makes it): '),
+    ('/home/u/env', '/usr', 'or install the requirements into this one: '),
+    (os.path.join(ROOT, '.venv'), '/usr', 'which this project needs; install its requirements '
+                                          'again: '),
+], ids=['a system Python', 'a virtual environment of the user', 'the project\'s own'])
+def test_a_library_missing_is_said_with_the_fix_for_this_python(monkeypatch, prefix, base, fix):
+  monkeypatch.setattr(sys, 'prefix', prefix)
+  monkeypatch.setattr(sys, 'base_prefix', base)
+  line = missing_module(ModuleNotFoundError(name='no_such_library.part'))
+  assert "has no module 'no_such_library.part', which this project needs; " in line and fix in line
+  assert ('-m pip install -r requirements.txt' in line) == (prefix != '/usr')
+
+
+def test_a_module_missing_from_an_installed_library_or_from_python_itself_is_said_so():
+  assert missing_module(ModuleNotFoundError(name='jax.no_such_part')).startswith(
+      "this Python's jax has no module 'jax.no_such_part' (another version than the project pins?)")
+  assert "was built without its standard module '_lzma'" in missing_module(
+      ModuleNotFoundError(name='_lzma'))
 
 
 @pytest.mark.parametrize('raised, said', [
@@ -80,3 +100,18 @@ def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook()
                         'raise ValueError("a bug")'], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
   assert out.returncode == 1 and out.stderr.startswith('Traceback') and 'ValueError: a bug' in out.stderr
+
+
+# A Ctrl-C while TensorFlow imports, its C++ notes muted: Python's line still reaches the user.
+MUTED_CTRL_C = ('import os, signal, time, errors\n'
+                'errors.start_command("stopped while muted")\n'
+                'with errors.native_stderr_muted():\n'
+                '  os.write(2, b"a library log line in C++\\n")\n'
+                '  os.kill(os.getpid(), signal.SIGINT)\n'
+                '  time.sleep(10)\n')
+
+
+def test_a_ctrl_c_while_native_logs_are_muted_still_says_its_line_and_only_it():
+  out = subprocess.run([sys.executable, '-c', MUTED_CTRL_C], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+  assert out.returncode == 130 and out.stderr == 'error: stopped while muted\n', out.stderr

@@ -78,7 +78,6 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
   return np.array([o['digit'] for o in found])
 
 
-@pytest.mark.slow
 def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_run, monkeypatch):
   """predict.py and export.py read the run so: orbax lists its checkpoints in threads, and a
   machine short of memory or at its limit of processes refuses them (as under `ulimit -v 1500000`)."""
@@ -94,6 +93,7 @@ def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_
       "this machine would not start another thread (can't start new thread): it is short of memory")
 
 
+@pytest.mark.slow
 def test_eval_images_saved_as_png_get_the_trainers_own_predictions(quick_run, predicted):
   workdir, _ = quick_run
   config, restored = evaluation.restore_run(RunDirectory(workdir))

@@ -223,15 +223,30 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
 def paused_between_saves(run: subprocess.Popen, workdir) -> None:
   """SIGSTOP where no save of the run is being written (no orbax temporary folder): a save that
   committed later could land beside the checkpoints of the run that comes next."""
+  deadline = time.monotonic() + 60
+
   def stop() -> None:
     run.send_signal(signal.SIGSTOP)
-    while pathlib.Path(f'/proc/{run.pid}/stat').read_text().rsplit(') ', 1)[1][0] != 'T':
-      time.sleep(0.001)  # Until it has stopped: from then on no folder of its can appear.
+    while not all_threads_stopped(run.pid):  # From then on none can make a folder.
+      assert run.poll() is None and time.monotonic() < deadline
+      time.sleep(0.001)
   stop()
   while list(workdir.glob('*.orbax-checkpoint-tmp*')):
+    assert run.poll() is None and time.monotonic() < deadline, 'no moment between two saves'
     run.send_signal(signal.SIGCONT)
     time.sleep(0.02)
     stop()
+
+
+def all_threads_stopped(pid: int) -> bool:
+  """Whether every thread of the process is stopped, by the state /proc gives each."""
+  states = []
+  for stat in pathlib.Path(f'/proc/{pid}/task').glob('*/stat'):
+    try:
+      states.append(stat.read_text().rsplit(') ', 1)[1][0])
+    except FileNotFoundError:  # A thread that ended meanwhile.
+      pass
+  return bool(states) and all(state == 'T' for state in states)
 
 
 def short_run(workdir, **overrides) -> list[str]:

@@ -27,7 +27,7 @@ from etils import epath
 from mlp import steps
 from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
                     ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
-from errors import UserError, causes, first_cause, first_line
+from errors import UserError, causes, first_cause, first_line, host_limit
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -266,6 +266,8 @@ def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] 
     try:
       config = _read_meta(run_dir, epoch)['config']
     except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
+      if host_limit(error):  # But the machine's memory or threads, which are said as such.
+        raise
       yield epoch, f'its metadata cannot be read ({_why(error)})'
       continue
     yield epoch, {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
