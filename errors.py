@@ -79,6 +79,11 @@ def first_line(text: str) -> str:
   return (text.strip().splitlines() or [''])[0]
 
 
+def error_reason(error: BaseException) -> str:
+  """An error's first line, its spaces as one, to quote in a line: XLA's texts run on over many."""
+  return ' '.join(first_line(str(error)).split())
+
+
 def host_limit(error: BaseException) -> str | None:
   """The line for this machine out of threads or memory, found among `error`'s causes (None if
   neither): where no part of a command met it first (e.g. in an import)."""
@@ -98,7 +103,7 @@ def thread_refused(error: BaseException) -> str | None:
 
 def host_out_of_memory(memory_error: BaseException) -> str:
   """The line for Python's MemoryError: the host's memory, whatever the device."""
-  reason = ' '.join(first_line(str(memory_error)).split())  # Its spaces as one.
+  reason = error_reason(memory_error)
   return (f'this machine ran out of memory ({f"MemoryError: {reason}" if reason else "MemoryError"}'
           "); free memory (close other programs, or raise the process's memory limit) and rerun "
           'the same command, or lower batch_size, num_models or model.hidden_sizes in a new '
@@ -180,6 +185,14 @@ def native_stderr_muted() -> Iterator[None]:
     sys.stderr = python_stderr
     os.close(kept)
     os.close(devnull)
+
+
+def import_tensorflow_quietly() -> None:
+  """Imports TensorFlow (ImportError passed on) with its C++ start-up notes muted, and its later
+  logs kept to warnings and errors: its own notes are no line of ours."""
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  with native_stderr_muted():
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; an extra's
 
 
 def start_command(ctrl_c_line: str) -> None:

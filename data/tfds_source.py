@@ -1,7 +1,6 @@
 """MNIST through tensorflow-datasets, prepared from MNIST's files on disk: TFDS never downloads."""
 
 import contextlib
-import os
 import pathlib
 import types
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ import numpy as np
 from absl import logging
 
 from data.idx import FILES, data_folder, unreadable
-from errors import UserError, native_stderr_muted
+from errors import UserError, import_tensorflow_quietly
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
 FILES_HELP = (f'TFDS prepares MNIST from its four canonical files ({", ".join(CANONICAL_FILES)}): '
@@ -56,16 +55,14 @@ def _prepare(tfds: types.ModuleType, builder: Any, folder: pathlib.Path) -> None
 def load_tfds(split: str, manual_dir: str = '',
               data_dir: str = '') -> tuple[np.ndarray, np.ndarray]:
   """(images uint8 [N, 28, 28], labels int32 [N]) of a split that TFDS prepares from manual_dir."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # TensorFlow's logs as it reads the files.
   try:
-    with native_stderr_muted():  # TensorFlow's C++ start-up notes, not ours to show: imported
-      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; here, not by TFDS mid-load
-      import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
+    import_tensorflow_quietly()  # Here, not where TFDS would: in the middle of loading.
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
   except ImportError as error:
-    raise UserError(f'data.source=tfds needs TensorFlow and TensorFlow Datasets ({error}), an extra '
-                    'that `make train` leaves out: pip install -r requirements/tfds.txt (TensorFlow has wheels '
-                    'for Python 3.11 to 3.13), or read the same files with --config.data.source=idx'
-                    ) from error
+    raise UserError(f'data.source=tfds needs TensorFlow and TensorFlow Datasets ({error}), an '
+                    'extra that `make train` leaves out: pip install -r requirements/tfds.txt '
+                    '(TensorFlow has wheels for Python 3.11 to 3.13), or read the same files with '
+                    '--config.data.source=idx') from error
 
   with _quiet_absl():  # TFDS warns of a "variant folder" it only looked for; our line says the fix.
     builder = tfds.builder('mnist', data_dir=data_dir or None)

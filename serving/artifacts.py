@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from errors import UserError, native_stderr_muted
+from errors import UserError, import_tensorflow_quietly, native_stderr_muted
 from mlp import inference
 from mlp import steps
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, STABLEHLO
@@ -27,10 +27,8 @@ Classify = Callable[[jax.Array], jax.Array]
 
 def require_tensorflow() -> None:
   """Imports TensorFlow now, or raises the UserError naming the extra that installs it."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')  # Its logs as it converts and saves.
   try:
-    with native_stderr_muted():  # Its C++ start-up notes, not ours to show.
-      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    import_tensorflow_quietly()
   except ImportError as error:
     raise UserError(f'--formats={SAVED_MODEL} needs TensorFlow ({error}), an extra that `make '
                     f'train` leaves out: {TENSORFLOW_EXTRA} (TensorFlow has wheels for Python 3.11 '

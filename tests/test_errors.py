@@ -1,5 +1,6 @@
-"""errors.py: a refused write, however the library words it, becomes one line naming the OS's reason; so
-do a library missing and a machine out of memory or threads wherever a command meets them."""
+"""errors.py: a refused write, however the library words it, becomes one line naming the OS's
+reason; so do a library missing and a machine out of memory or threads wherever a command meets
+them."""
 
 import errno
 import os
@@ -80,6 +81,12 @@ def test_a_module_missing_from_an_installed_library_or_from_python_itself_is_sai
       ModuleNotFoundError(name='_lzma'))
 
 
+def run_python(code: str) -> subprocess.CompletedProcess:
+  """A Python program of the project's modules alone, as a command would start."""
+  return subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=60)
+
+
 @pytest.mark.parametrize('raised, said', [
     ("MemoryError('Unable to allocate output buffer.')",
      'error: this machine ran out of memory (MemoryError: Unable to allocate output buffer.); free '
@@ -89,17 +96,15 @@ def test_a_module_missing_from_an_installed_library_or_from_python_itself_is_sai
 ], ids=['memory', 'thread'])
 def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised, said):
   """As where memory runs out while a library is imported: the commands' excepthook says it."""
-  out = subprocess.run([sys.executable, '-c', f'import errors; errors.start_command("stopped"); '
-                        f'raise {raised}'], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  out = run_python(f'import errors; errors.start_command("stopped"); raise {raised}')
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
 
 
 def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook():
-  out = subprocess.run([sys.executable, '-c', 'import errors; errors.start_command("stopped"); '
-                        'raise ValueError("a bug")'], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
-  assert out.returncode == 1 and out.stderr.startswith('Traceback') and 'ValueError: a bug' in out.stderr
+  out = run_python('import errors; errors.start_command("stopped"); raise ValueError("a bug")')
+  assert out.returncode == 1 and out.stderr.startswith('Traceback'), out.stderr
+  assert 'ValueError: a bug' in out.stderr
 
 
 # A Ctrl-C while TensorFlow imports, its C++ notes muted: Python's line still reaches the user.
@@ -112,6 +117,5 @@ MUTED_CTRL_C = ('import os, signal, time, errors\n'
 
 
 def test_a_ctrl_c_while_native_logs_are_muted_still_says_its_line_and_only_it():
-  out = subprocess.run([sys.executable, '-c', MUTED_CTRL_C], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+  out = run_python(MUTED_CTRL_C)
   assert out.returncode == 130 and out.stderr == 'error: stopped while muted\n', out.stderr

@@ -7,7 +7,7 @@ import os
 import re
 from collections.abc import Iterator
 
-from errors import DEVICE_OUT_OF_MEMORY, UserError, first_cause, first_line
+from errors import DEVICE_OUT_OF_MEMORY, UserError, error_reason, first_cause
 from errors import host_out_of_memory, thread_refused
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
@@ -78,7 +78,7 @@ def machine_limits_said() -> Iterator[None]:
       raise
     if isinstance(memory_error, MemoryError):
       raise UserError(host_out_of_memory(memory_error)) from error
-    reason = ' '.join(first_line(str(memory_error)).split())  # Its spaces as one.
+    reason = error_reason(memory_error)
     backend = jax.default_backend()
     device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
     raise UserError(f'{device} ran out of memory ({reason}); lower eval_batch_size (the same '
