@@ -7,6 +7,7 @@ import errno
 import importlib.util
 import os
 import re
+import resource
 import shlex
 import signal
 import sys
@@ -45,6 +46,9 @@ ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under
 DEVICE_OUT_OF_MEMORY = re.compile(r'RESOURCE_EXHAUSTED|Out of memory')
 # Python's RuntimeError when the OS will not start another thread (memory, or a limit of processes).
 THREAD_REFUSED = "can't start new thread"
+# The system's words (glibc's dlerror) when a compiled library cannot be mapped into the process:
+# its filesystem is mounted noexec, or the process's memory limit or the machine's memory is spent.
+LIBRARY_UNMAPPED = re.compile(r'^(.+?): failed to map segment from shared object')
 # Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
 ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
 # JAX's warning when its persistent compilation cache cannot be read or written.
@@ -99,6 +103,28 @@ def thread_refused(error: BaseException) -> str | None:
       f'this machine would not start another thread ({refused}): it is short of memory or at its '
       "limit of processes (ulimit -u, or a container's pids limit); free memory or raise that "
       'limit, then rerun the same command')
+
+
+def library_unmapped(error: BaseException) -> str | None:
+  """The line for a compiled library the system would not load, found among `error`'s causes (None
+  if none), by its reason: the system refuses a noexec filesystem's, and memory bounds any."""
+  unmapped = next(filter(None, (LIBRARY_UNMAPPED.match(str(cause)) for cause in causes(error)
+                                if isinstance(cause, ImportError))), None)
+  if unmapped is None:
+    return None
+  library = unmapped.group(1)
+  with contextlib.suppress(OSError):
+    if os.statvfs(library).f_flag & os.ST_NOEXEC:
+      return (f'the system will not load {_shown(library)}: its filesystem is mounted noexec; make '
+              'the environment where programs may run (make train VENV=/path/there/venv) and run '
+              'the command with its Python (/path/there/venv/bin/python)')
+  limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+  if limit != resource.RLIM_INFINITY:
+    return (f"this process's memory limit ({limit >> 20} MiB of address space, ulimit -v) is too "
+            f'small to load {_shown(library)}; raise it (ulimit -v unlimited), then rerun the '
+            'same command')
+  return (f'this machine ran out of memory as it loaded {_shown(library)}; free memory (close '
+          'other programs), then rerun the same command')
 
 
 def host_out_of_memory(memory_error: BaseException) -> str:
@@ -198,15 +224,16 @@ def import_tensorflow_quietly() -> None:
 def start_command(ctrl_c_line: str) -> None:
   """A command's first step, before its imports: from now on a Ctrl-C ends it at once in
   `ctrl_c_line` (a KeyboardInterrupt would end in a traceback of whatever it met, an import among
-  them); a module this Python lacks, or a machine out of memory or threads, met where no part of
-  the command said so, is one line too."""
+  them); a module this Python lacks, a library the system will not load, or a machine out of
+  memory or threads, met where no part of the command said so, is one line too."""
   signal.signal(signal.SIGINT, lambda *_: fail(ctrl_c_line, 130, exit_now=os._exit))
   default_hook = sys.excepthook
 
   def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:
     try:
       line = (missing_module(error) if isinstance(error, ModuleNotFoundError) else
-              host_limit(error) if isinstance(error, Exception) else None)
+              library_unmapped(error) or host_limit(error) if isinstance(error, Exception) else
+              None)
     except Exception:  # pylint: disable=broad-except; the error itself is what matters here
       line = None
     if line is None:

@@ -1,15 +1,16 @@
 """errors.py: a refused write, however the library words it, becomes one line naming the OS's
-reason; so do a library missing and a machine out of memory or threads wherever a command meets
-them."""
+reason; so do a library missing or unloadable and a machine out of memory or threads wherever a
+command meets them."""
 
 import errno
 import os
+import resource
 import subprocess
 import sys
 
 import pytest
 
-from errors import THREAD_REFUSED, missing_module, write_failed
+from errors import THREAD_REFUSED, library_unmapped, missing_module, write_failed
 from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
@@ -99,6 +100,43 @@ def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised
   out = run_python(f'import errors; errors.start_command("stopped"); raise {raised}')
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
+
+
+# Tensorstore's library (orbax's), loaded with the address space limited to just above what the
+# process already holds: the system's dlopen fails as a command's does under a small `ulimit -v`.
+LIBRARY_PAST_THE_LIMIT = (
+    'import resource, numpy, errors\n'
+    'errors.start_command("stopped")\n'
+    'status = open("/proc/self/status").read()\n'
+    'held = int(status.split("VmSize:")[1].split()[0]) << 10\n'
+    'resource.setrlimit(resource.RLIMIT_AS, (held + (8 << 20), resource.RLIM_INFINITY))\n'
+    'import tensorstore\n')
+
+
+def test_a_library_past_the_memory_limit_is_one_line_naming_the_limit():
+  out = run_python(LIBRARY_PAST_THE_LIMIT)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1, out.stderr
+  assert lines[0].startswith("error: this process's memory limit (") and 'ulimit -v' in lines[0]
+  assert '_tensorstore' in lines[0], lines[0]
+
+
+UNMAPPED = ImportError('/env/lib/_native.so: failed to map segment from shared object')
+
+
+@pytest.mark.parametrize('flags, limit, said', [
+    (os.ST_NOEXEC, 1 << 30, 'the system will not load /env/lib/_native.so: its filesystem is '
+     'mounted noexec; make the environment where programs may run (make train VENV='),
+    (0, None, 'this machine ran out of memory as it loaded /env/lib/_native.so; free memory'),
+], ids=['noexec', 'memory'])
+def test_a_library_the_system_will_not_load_is_said_by_its_reason(monkeypatch, flags, limit, said):
+  monkeypatch.setattr(os, 'statvfs', lambda _: os.statvfs_result((0,) * 8 + (flags, 0)))
+  limit = resource.RLIM_INFINITY if limit is None else limit
+  monkeypatch.setattr(resource, 'getrlimit', lambda _: (limit, limit))
+  wrapped = RuntimeError('a library could not be imported')
+  wrapped.__cause__ = UNMAPPED
+  assert library_unmapped(wrapped).startswith(said)
+  assert library_unmapped(ImportError('cannot import name "x" from "y"')) is None
 
 
 def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook():
