@@ -4,7 +4,10 @@
   python train.py --config=configs/default.py:validation    # train[:50000], score train[50000:]
 
 Reads the MNIST files this project carries (data/mnist), offline. Choose recipes with
-`:validation`; the test set only scores a chosen one. Measured: see README.md's results.
+`:validation`; the test set only scores a chosen one. Measured: 99.08% on validation (seed 0,
+docs/fast.md); on the test set, seeds 0 / 1 / 2: 99.14 / 99.08 / 98.97% (mean 99.06%), 47.2 s
+launch to exit on 2 Intel Xeon cores (`python -m benchmarks.recipes
+--also=configs/fast.py,configs/quick.py`, 2026-11-25).
 """
 
 import ml_collections
