@@ -88,6 +88,38 @@ def test_a_backend_that_jax_cannot_start_is_one_line_naming_the_fix(platforms, e
   assert_fails_cleanly([CONFIG], expected, tmp_path / 'run', env={'JAX_PLATFORMS': platforms})
 
 
+# JAX's words where another process holds this machine's TPU and JAX_PLATFORMS is unset (as a TPU
+# VM reported them in jax-ml/jax#22070): JAX runs on the CPU instead, with a warning only.
+TPU_HELD = ("Backend 'tpu' failed to initialize: ABORTED: The TPU is already in use by process with "
+            "pid 2718. Not attempting to load libtpu.so in this process.. Available backends are "
+            "['cpu']")
+
+
+def test_a_tpu_another_process_holds_stops_what_jax_would_run_on_the_cpu(monkeypatch):
+  import jax  # pylint: disable=g-import-not-at-top
+  from trainer import backend  # pylint: disable=g-import-not-at-top
+  devices = jax.devices
+
+  def tpu_held(platform=None):
+    if platform == 'tpu':
+      raise RuntimeError(TPU_HELD)
+    return devices(platform)
+  monkeypatch.setattr(jax, 'devices', tpu_held)
+  monkeypatch.delenv('JAX_PLATFORMS', raising=False)
+  with pytest.raises(UserError) as error:
+    backend.start()
+  assert str(error.value) == (
+      "JAX could not start this machine's TPU (ABORTED: The TPU is already in use by process with "
+      'pid 2718. Not attempting to load libtpu.so in this process) and would run on the CPU '
+      'instead; another process holds it: wait for that one to end, or stop it, or set '
+      'JAX_PLATFORMS=cpu to run on the CPU')
+  monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
+  backend.start()  # The CPU asked for.
+  monkeypatch.setattr(jax, 'devices', devices)
+  monkeypatch.delenv('JAX_PLATFORMS')
+  backend.start()  # No TPU here: JAX's reason is a libtpu it cannot open.
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('script, args', [('predict.py', ['docs/digits']),
                                           ('export.py', ['--out=OUT'])])
