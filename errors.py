@@ -107,24 +107,26 @@ def thread_refused(error: BaseException) -> str | None:
 
 def library_unmapped(error: BaseException) -> str | None:
   """The line for a compiled library the system would not load, found among `error`'s causes (None
-  if none), by its reason: the system refuses a noexec filesystem's, and memory bounds any."""
+  if none), by its likely reason: the system refuses a noexec filesystem's; memory bounds any."""
   unmapped = next(filter(None, (LIBRARY_UNMAPPED.match(str(cause)) for cause in causes(error)
                                 if isinstance(cause, ImportError))), None)
   if unmapped is None:
     return None
-  library = unmapped.group(1)
+  named = unmapped.group(1)  # A path, or a bare name where a library it needs failed.
+  library = _shown(named) if os.path.isabs(named) else named
+  said = f'the system would not load {library} (failed to map segment from shared object)'
   with contextlib.suppress(OSError):
-    if os.statvfs(library).f_flag & os.ST_NOEXEC:
-      return (f'the system will not load {_shown(library)}: its filesystem is mounted noexec; make '
-              'the environment where programs may run (make train VENV=/path/there/venv) and run '
-              'the command with its Python (/path/there/venv/bin/python)')
+    if os.statvfs(named if os.path.isabs(named) else sys.prefix).f_flag & os.ST_NOEXEC:
+      return (f'{said}: its filesystem is mounted noexec; make the environment where programs may '
+              'run (make train VENV=/path/there/venv) and run the command with its Python '
+              '(/path/there/venv/bin/python)')
   limit = resource.getrlimit(resource.RLIMIT_AS)[0]
   if limit != resource.RLIM_INFINITY:
-    return (f"this process's memory limit ({limit >> 20} MiB of address space, ulimit -v) is too "
-            f'small to load {_shown(library)}; raise it (ulimit -v unlimited), then rerun the '
-            'same command')
-  return (f'this machine ran out of memory as it loaded {_shown(library)}; free memory (close '
-          'other programs), then rerun the same command')
+    return (f"{said}: this process's memory limit ({limit >> 20} MiB of address space, ulimit -v) "
+            'is too small; raise it (ulimit -v unlimited), then rerun the same command')
+  return (f'{said}: this machine may be short of memory, or a security policy may forbid loading '
+          'it from there; free memory and rerun the same command, or make the environment '
+          'elsewhere (make train VENV=/path/there/venv)')
 
 
 def host_out_of_memory(memory_error: BaseException) -> str:
@@ -214,11 +216,17 @@ def native_stderr_muted() -> Iterator[None]:
 
 
 def import_tensorflow_quietly() -> None:
-  """Imports TensorFlow (ImportError passed on) with its C++ start-up notes muted, and its later
-  logs kept to warnings and errors: its own notes are no line of ours."""
+  """Imports TensorFlow (ImportError passed on, but for a library the system would not load: its
+  UserError) with its C++ start-up notes muted, and its later logs kept to warnings and errors: its
+  own notes are no line of ours."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  with native_stderr_muted():
-    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; an extra's
+  try:
+    with native_stderr_muted():
+      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; an extra's
+  except ImportError as error:
+    if line := library_unmapped(error):  # Not the extra missing: TensorFlow's libraries are large.
+      raise UserError(line) from error
+    raise
 
 
 def start_command(ctrl_c_line: str) -> None:

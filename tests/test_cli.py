@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import ml_collections
 import pytest
 from absl import flags
@@ -18,7 +19,7 @@ from errors import THREAD_REFUSED, UserError, say
 from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly,
                             limit_address_space, make_config, override_flags, read_metrics,
                             run_train)
-from trainer import config_rules
+from trainer import backend, config_rules
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
 
@@ -90,14 +91,14 @@ def test_a_backend_that_jax_cannot_start_is_one_line_naming_the_fix(platforms, e
 
 # JAX's words where another process holds this machine's TPU and JAX_PLATFORMS is unset (as a TPU
 # VM reported them in jax-ml/jax#22070): JAX runs on the CPU instead, with a warning only.
-TPU_HELD = ("Backend 'tpu' failed to initialize: ABORTED: The TPU is already in use by process with "
-            "pid 2718. Not attempting to load libtpu.so in this process.. Available backends are "
-            "['cpu']")
+TPU_HELD = ("Backend 'tpu' failed to initialize: ABORTED: The TPU is already in use by process "
+            'with pid 2718. Not attempting to load libtpu.so in this process.. Available backends '
+            "are ['cpu']")
 
 
-def test_a_tpu_another_process_holds_stops_what_jax_would_run_on_the_cpu(monkeypatch):
-  import jax  # pylint: disable=g-import-not-at-top
-  from trainer import backend  # pylint: disable=g-import-not-at-top
+@pytest.mark.skipif(jax.default_backend() != 'cpu',
+                    reason='JAX started on this machine\'s accelerator, not on the CPU instead')
+def test_a_tpu_another_process_holds_stops_training_that_jax_would_run_on_the_cpu(monkeypatch):
   devices = jax.devices
 
   def tpu_held(platform=None):
@@ -113,6 +114,7 @@ def test_a_tpu_another_process_holds_stops_what_jax_would_run_on_the_cpu(monkeyp
       'pid 2718. Not attempting to load libtpu.so in this process) and would run on the CPU '
       'instead; another process holds it: wait for that one to end, or stop it, or set '
       'JAX_PLATFORMS=cpu to run on the CPU')
+  backend.start(cpu_will_do=True)  # Reading a run (predict.py, export.py) beside the training.
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   backend.start()  # The CPU asked for.
   monkeypatch.setattr(jax, 'devices', devices)

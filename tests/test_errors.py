@@ -102,39 +102,56 @@ def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised
   assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
 
 
-# Tensorstore's library (orbax's), loaded with the address space limited to just above what the
-# process already holds: the system's dlopen fails as a command's does under a small `ulimit -v`.
-LIBRARY_PAST_THE_LIMIT = (
+# Loaded with the address space limited to just above what the process already holds, a library
+# fails in the system's dlopen as a command's does under a small `ulimit -v`: tensorstore's
+# (orbax's) met by the commands' excepthook, and TensorFlow's (one it needs, by its bare name) by
+# the export's and the TFDS source's import of it.
+PAST_THE_LIMIT = (
     'import resource, numpy, errors\n'
     'errors.start_command("stopped")\n'
-    'status = open("/proc/self/status").read()\n'
-    'held = int(status.split("VmSize:")[1].split()[0]) << 10\n'
-    'resource.setrlimit(resource.RLIMIT_AS, (held + (8 << 20), resource.RLIM_INFINITY))\n'
-    'import tensorstore\n')
+    'held = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10\n'
+    'resource.setrlimit(resource.RLIMIT_AS, (held + (8 << 20), resource.RLIM_INFINITY))\n')
 
 
-def test_a_library_past_the_memory_limit_is_one_line_naming_the_limit():
-  out = run_python(LIBRARY_PAST_THE_LIMIT)
+@pytest.mark.parametrize('load, library', [
+    pytest.param('import tensorstore', '_tensorstore', id='excepthook'),
+    pytest.param('try:\n  errors.import_tensorflow_quietly()\nexcept errors.UserError as error:\n'
+                 '  errors.fail(str(error), 1)', 'libtensorflow', id='tensorflow',
+                 marks=pytest.mark.slow),  # TensorFlow's import takes seconds.
+])
+def test_a_library_past_the_memory_limit_is_one_line_naming_the_limit(load, library):
+  if library == 'libtensorflow':
+    pytest.importorskip('tensorflow', reason='TensorFlow (the TFDS extra) is not installed here')
+  out = run_python(PAST_THE_LIMIT + load)
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1, out.stderr
-  assert lines[0].startswith("error: this process's memory limit (") and 'ulimit -v' in lines[0]
-  assert '_tensorstore' in lines[0], lines[0]
+  assert lines[0].startswith('error: the system would not load ') and library in lines[0], lines[0]
+  assert "this process's memory limit (" in lines[0] and 'ulimit -v' in lines[0], lines[0]
 
 
-UNMAPPED = ImportError('/env/lib/_native.so: failed to map segment from shared object')
+def statvfs_saying(flags: int):
+  """os.statvfs as a filesystem with these mount flags gives it; -1: a path it cannot stat."""
+  def statvfs(path):
+    if flags < 0:
+      raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    return os.statvfs_result((0,) * 8 + (flags, 0))
+  return statvfs
 
 
-@pytest.mark.parametrize('flags, limit, said', [
-    (os.ST_NOEXEC, 1 << 30, 'the system will not load /env/lib/_native.so: its filesystem is '
-     'mounted noexec; make the environment where programs may run (make train VENV='),
-    (0, None, 'this machine ran out of memory as it loaded /env/lib/_native.so; free memory'),
-], ids=['noexec', 'memory'])
-def test_a_library_the_system_will_not_load_is_said_by_its_reason(monkeypatch, flags, limit, said):
-  monkeypatch.setattr(os, 'statvfs', lambda _: os.statvfs_result((0,) * 8 + (flags, 0)))
-  limit = resource.RLIM_INFINITY if limit is None else limit
-  monkeypatch.setattr(resource, 'getrlimit', lambda _: (limit, limit))
+@pytest.mark.parametrize('named, flags, said', [
+    ('/env/lib/_native.so', os.ST_NOEXEC, 'the system would not load /env/lib/_native.so (failed '
+     'to map segment from shared object): its filesystem is mounted noexec; make the environment'),
+    ('libdep.so.2', os.ST_NOEXEC, 'the system would not load libdep.so.2 (failed to map segment '
+     'from shared object): its filesystem is mounted noexec'),
+    ('/env/lib/_native.so', -1, 'the system would not load /env/lib/_native.so (failed to map '
+     'segment from shared object): this machine may be short of memory, or a security policy'),
+], ids=['noexec', 'a library it needs on noexec', 'no limit'])
+def test_a_library_the_system_will_not_load_is_said_by_its_likely_reason(monkeypatch, named, flags,
+                                                                          said):
+  monkeypatch.setattr(os, 'statvfs', statvfs_saying(flags))
+  monkeypatch.setattr(resource, 'getrlimit', lambda _: (resource.RLIM_INFINITY,) * 2)
   wrapped = RuntimeError('a library could not be imported')
-  wrapped.__cause__ = UNMAPPED
+  wrapped.__cause__ = ImportError(f'{named}: failed to map segment from shared object')
   assert library_unmapped(wrapped).startswith(said)
   assert library_unmapped(ImportError('cannot import name "x" from "y"')) is None
 

@@ -15,19 +15,20 @@ from errors import host_out_of_memory, thread_refused
 # JAX_PLATFORMS='' to automatically choose an available backend)".
 _CANNOT_START = re.compile(
     r"Unable to initialize backend '([^']+)': (.*?)(?: \(set JAX_PLATFORMS=.*)?$", re.S)
-# Its words when the TPU failed where JAX_PLATFORMS is unset (JAX then runs on the CPU, saying so in
-# a warning only) and `jax.devices('tpu')` asks for it: "Backend 'tpu' failed to initialize: ABORTED:
-# The TPU is already in use by process with pid 2718. Not attempting to load libtpu.so in this
-# process.. Available backends are ['cpu']".
-_FAILED_QUIETLY = re.compile(r"Backend 'tpu' failed to initialize: (.*?)\.*\s*Available backends")
+# Its words when the TPU failed where JAX_PLATFORMS is unset (JAX then runs on the CPU, saying so
+# in a warning only) and `jax.devices('tpu')` asks for it: "Backend 'tpu' failed to initialize:
+# ABORTED: The TPU is already in use by process with pid 2718. Not attempting to load libtpu.so in
+# this process.. Available backends are ['cpu']".
+_FAILED_QUIETLY = re.compile(
+    r"Backend 'tpu' failed to initialize: (.*?)\.*\s*Available backends")
 _PLUGIN = 'make train ACCELERATOR=cuda12, or tpu, on a fresh clone'
 _UNSET = 'unset JAX_PLATFORMS to run on the devices JAX finds'
 _INSTALL = f'install its plugin ({_PLUGIN}), or {_UNSET}'
 
 
-def start() -> None:
-  """Starts JAX's backend on the platforms JAX_PLATFORMS names (all it finds when unset), never
-  on the CPU in place of a TPU that another process holds."""
+def start(cpu_will_do: bool = False) -> None:
+  """Starts JAX's backend on the platforms JAX_PLATFORMS names (all it finds when unset); never on
+  the CPU in place of a TPU that another process holds, unless `cpu_will_do` (reading a run)."""
   import jax  # pylint: disable=g-import-not-at-top; after the flags, which need none of it
   try:
     jax.devices()
@@ -43,7 +44,7 @@ def start() -> None:
     if not platforms:
       raise
     raise UserError(f'JAX has no backend for JAX_PLATFORMS={platforms}; {_INSTALL}') from error
-  if not os.environ.get('JAX_PLATFORMS') and jax.default_backend() == 'cpu':
+  if not cpu_will_do and not os.environ.get('JAX_PLATFORMS') and jax.default_backend() == 'cpu':
     _refuse_a_held_tpu()
 
 
@@ -55,10 +56,10 @@ def _refuse_a_held_tpu() -> None:
     jax.devices('tpu')
   except RuntimeError as error:
     found = _FAILED_QUIETLY.search(' '.join(str(error).split()))
-    if found and 'in use' in found.group(1):
-      raise UserError(f'JAX could not start this machine\'s TPU ({found.group(1)}) and would run on '
-                      f'the CPU instead; {_fix(found.group(1))}, or set JAX_PLATFORMS=cpu to run '
-                      'on the CPU') from error
+    if found and 'already in use' in found.group(1):
+      raise UserError(f"JAX could not start this machine's TPU ({found.group(1)}) and would run "
+                      f'on the CPU instead; {_fix(found.group(1))}, or set JAX_PLATFORMS=cpu to '
+                      'run on the CPU') from error
 
 
 def _fix(reason: str) -> str:

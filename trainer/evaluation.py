@@ -106,7 +106,7 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
                            f'python train.py --config=configs/quick.py --workdir={run_dir}')
   run_dir.check_not_a_file()
   with backend.machine_limits_said():  # Orbax lists the checkpoints in threads, too.
-    backend.start()
+    backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
     flat = checkpoints.saved_config(run_dir)
     if flat is None:
       raise missing
