@@ -21,6 +21,7 @@ from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fail
                             run_train)
 from trainer import backend, config_rules
 from trainer import evaluation, loop
+from trainer.config_file import ConfigFileFailed, flag_lines
 from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
@@ -183,7 +184,7 @@ def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
 
 
 def config_flag_names(config) -> list[str]:
-  return [line.split('=')[0] for line in train.config_flag_lines(config)]
+  return [line.split('=')[0] for line in flag_lines(config)]
 
 
 @pytest.mark.parametrize('case', BAD_CONFIGS)
@@ -208,7 +209,7 @@ def test_a_config_file_that_raises_is_one_line_naming_the_exception_and_the_file
 def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_path):
   config_file = tmp_path / 'broken.py'
   config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
-  with pytest.raises(train.ConfigFileFailed) as error:
+  with pytest.raises(ConfigFileFailed) as error:
     load_config(config_file)
   assert str(error.value) == (
       f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
