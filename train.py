@@ -137,7 +137,8 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
     launch = processes.Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               _DISTRIBUTED.value, _INIT_TIMEOUT.value)
     # From a watchdog thread, where sys.exit would end only the thread.
-    joined = processes.join_run(launch, give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    joined = processes.join_run(launch,
+                                give_up=functools.partial(fail, status=1, exit_now=os._exit))
     backend.start()  # After joining: JAX joins no run once its backend has started.
   except UserError as error:
     fail(advice(error), 1)

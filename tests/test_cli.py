@@ -51,7 +51,8 @@ def corrupt_copy(mnist_dir, folder):
 
 # Mistakes a user makes on the command line, each checked as printed by a real train.py.
 BAD_INPUTS = {
-    'typo in an override key': ([CONFIG, '--config.lerning_rate=0.1'], "did you mean 'learning_rate'"),
+    'typo in an override key': ([CONFIG, '--config.lerning_rate=0.1'],
+                                "did you mean 'learning_rate'"),
     'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
     'no config flag': ([], 'no config given'),
     'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
@@ -77,8 +78,8 @@ def test_bad_input_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_di
   assert not (ROOT / 'checkpoints' / 'nope').exists()
 
 
-INSTALL_OR_UNSET = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), or '
-                    'unset JAX_PLATFORMS to run on the devices JAX finds')
+INSTALL_OR_UNSET = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), '
+                    'or unset JAX_PLATFORMS to run on the devices JAX finds')
 
 
 @pytest.mark.parametrize('platforms, expected', [
@@ -258,7 +259,8 @@ def test_output_that_cannot_be_written_is_one_line_and_later_lines_go_nowhere(tm
                          stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
   assert out.returncode == 1
   assert out.stderr.splitlines() == ['error: cannot write the output (No space left on device); '
-                                     'free space where it is redirected, then rerun the same command']
+                                     'free space where it is redirected, then rerun the same '
+                                     'command']
 
 
 @pytest.mark.parametrize('script', ['train.py', 'predict.py', 'export.py'])
