@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -14,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO, NamedTuple
 
 import jax
 import numpy as np
@@ -254,39 +256,52 @@ def assert_tensorboard_matches_metrics(workdir):
 # How each damage is done to a checkpoint folder, what the warning must say about it, and whether
 # the rerun is train.py itself (the failed read of a truncated file used to print tracebacks at
 # exit) or, faster, in-process.
+class Damage(NamedTuple):
+  """A way to damage a saved checkpoint, the words its warning gives, and whether the rerun that
+  falls back is train.py itself."""
+  harm: Callable[[pathlib.Path], Any]
+  why: str
+  with_train_py: bool = False
+
+
+def damage(harm: Callable[[pathlib.Path], Any], why: str, name: str, with_train_py: bool = False,
+           slow: bool = False) -> Any:
+  return pytest.param(Damage(harm, why, with_train_py), id=name,
+                      marks=[pytest.mark.slow] if slow else [])
+
+
 DAMAGE = [
-    pytest.param(lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read', True,
-                 id='truncated data file', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint', False,
-                 id='one flipped bit of a weight'),
+    damage(lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read',
+           'truncated data file', with_train_py=True, slow=True),
+    damage(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint',
+           'one flipped bit of a weight'),
     # The file's first bytes open a zstd frame: a chunk that no longer decodes.
-    pytest.param(lambda ckpt: replace_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
-                 False, id='a chunk that no longer decodes'),
-    pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
-                 id='deleted metadata', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: replace_first_byte(ckpt / 'state' / '_METADATA', 0x84),
-                 'UnicodeDecodeError', False, id='metadata that is not text'),
-    pytest.param(lambda ckpt: folder_in_place_of(ckpt / 'meta' / 'metadata'), 'IsADirectoryError',
-                 False, id='a folder in place of a file', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError', False,
-                 id='a file in place of a folder', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
-                 'holds no fingerprint, or no config', False, id='metadata of another shape',
-                 marks=pytest.mark.slow),
+    damage(lambda ckpt: replace_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
+           'a chunk that no longer decodes'),
+    damage(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read',
+           'deleted metadata', slow=True),
+    damage(lambda ckpt: replace_first_byte(ckpt / 'state' / '_METADATA', 0x84),
+           'UnicodeDecodeError', 'metadata that is not text'),
+    damage(lambda ckpt: folder_in_place_of(ckpt / 'meta' / 'metadata'), 'IsADirectoryError',
+           'a folder in place of a file', slow=True),
+    damage(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError',
+           'a file in place of a folder', slow=True),
+    damage(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
+           'holds no fingerprint, or no config', 'metadata of another shape', slow=True),
     # Not a checkpoint, yet where orbax writes the epoch's:
     # it used to delete the file to save there.
-    pytest.param(file_in_place_of, 'it is a file, not a folder', False,
-                 id='a file in place of the checkpoint', marks=pytest.mark.slow),
-    pytest.param(link_to_nothing_in_place_of, 'it is a link to nothing', False,
-                 id='a link to nothing in place of the checkpoint', marks=pytest.mark.slow),
+    damage(file_in_place_of, 'it is a file, not a folder', 'a file in place of the checkpoint',
+           slow=True),
+    damage(link_to_nothing_in_place_of, 'it is a link to nothing',
+           'a link to nothing in place of the checkpoint', slow=True),
 ]
 
 
-@pytest.mark.parametrize('damage_fn, why, with_train_py', DAMAGE)
+@pytest.mark.parametrize('damaged', DAMAGE)
 def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
-    damage_fn, why, with_train_py, small_run, small_copy, capfd):
-  damage_fn(small_copy / '3')
-  if with_train_py:
+    damaged, small_run, small_copy, capfd):
+  damaged.harm(small_copy / '3')
+  if damaged.with_train_py:
     out = run_train(CONFIG, f'--workdir={small_copy}', *override_flags(**SMALL))
     assert out.returncode == 0, out.stderr
     stdout, stderr = out.stdout, out.stderr
@@ -296,7 +311,7 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
   warnings = stderr.strip().splitlines()
   assert len(warnings) == 1, stderr  # One line: no traceback from the failed read either.
   assert (warnings[0].startswith('warning: the checkpoint of epoch 3 is damaged')
-          and why in warnings[0])
+          and damaged.why in warnings[0])
   assert 'fell back to epoch 2' in warnings[0]
   assert 'resumed from epoch 2' in stdout
   assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
