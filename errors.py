@@ -36,7 +36,8 @@ TENSORSTORE_DAMAGE_STATUS = re.compile(
 # compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
 ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
-# Orbax's warning of a step folder without its _CHECKPOINT_METADATA: not a checkpoint it wrote whole.
+# Orbax's warning of a step folder without its _CHECKPOINT_METADATA:
+# not a checkpoint it wrote whole.
 ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
 # Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
 ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)
@@ -161,7 +162,8 @@ def _os_reason(text: str) -> str:
   return first_line(text)[:160]
 
 
-IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))  # A folder for a file, or back.
+# A folder for a file, or back.
+IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))
 NO_FOLDER = os.strerror(errno.ENOENT)  # A folder on the way gone, or one that takes no new files.
 
 

@@ -75,7 +75,8 @@ def main(argv: list[str]) -> None:
   except UserError as error:
     fail(str(error), 1)
   except KeyboardInterrupt:
-    fail('stopped by Ctrl-C while writing the export; rerun the same command to export the run', 130)
+    fail('stopped by Ctrl-C while writing the export; rerun the same command to export the run',
+         130)
 
 
 if __name__ == '__main__':

@@ -61,7 +61,8 @@ def image_files(paths: list[str]) -> list[str]:
 
 
 def read_digit(path: str) -> np.ndarray:
-  """uint8 [784]: the file as an MNIST image, or a UserError naming the file and why it is not one."""
+  """uint8 [784]: the file as an MNIST image,
+  or a UserError naming the file and why it is not one."""
   from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
   from data import digit_images  # pylint: disable=g-import-not-at-top
   try:
@@ -103,7 +104,8 @@ def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
     first, second = (int(d) for d in row.argsort()[::-1][:2])
     if as_json:
       say(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
-                      'runner_up': second, 'runner_up_probability': float(row[second])}), sys.stdout)
+                      'runner_up': second, 'runner_up_probability': float(row[second])}),
+          sys.stdout)
     else:
       say(f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}',
           sys.stdout)

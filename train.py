@@ -1,16 +1,11 @@
 """Trains the MNIST MLP: `python train.py --config=configs/default.py [--config.FIELD=VALUE]`."""
 
-import contextlib
 import functools
-import logging
 import os
 import shlex
 import signal
 import sys
-import threading
-import time
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
@@ -22,66 +17,11 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, ConfigError, UserError, fail, say
+from errors import ConfigError, UserError, fail, say
+from trainer.config_file import ConfigFileFailed, ConfigFileParser, flag_lines, unknown_field
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
-
-
-class ConfigFileFailed(Exception):
-  """The config file's own code raised: one line naming the exception and the file."""
-
-
-class ConfigFileParser(flags.ArgumentParser):
-  """ml_collections' own loader, telling an exception of the file's code from override typos."""
-
-  def __init__(self, loader: flags.ArgumentParser):
-    self.loader = loader
-
-  def parse(self, argument: str) -> ml_collections.ConfigDict:
-    file = os.path.abspath(argument.split(':', 1)[0])
-    try:
-      with _loader_logs_muted():  # Its warning of a get_config() that returned None: said below.
-        config = self.loader.parse(argument)
-    except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
-      # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
-      cause = (error.__context__ if 'Error whilst parsing' in str(error) else None) or error
-      raise ConfigFileFailed(_config_file_failure(cause, file)) from None
-    if config is None:
-      raise ConfigFileFailed(f'get_config() of the config file {file} returned None; return the '
-                             'ml_collections.ConfigDict it builds')
-    return config
-
-  def flag_type(self) -> str:
-    return self.loader.flag_type()
-
-
-def _config_file_failure(cause: BaseException, file: str) -> str:
-  """The line for an exception of a config file's code, in its own words where it checked the
-  user's argument (a UserError)."""
-  if isinstance(cause, UserError):
-    return str(cause)
-  if isinstance(cause, AttributeError) and 'get_config' in str(cause):
-    return (f'the config file {file} has no get_config(); define one that returns an '
-            'ml_collections.ConfigDict, or pass --config=configs/default.py')
-  lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
-           if os.path.abspath(f.filename) == file]
-  where = f'{file}, line {lines[-1]}' if lines else file
-  text = ' '.join(str(cause).split())
-  return (f'the config file raised {type(cause).__name__}{": " + text if text else ""} ({where}); '
-          'fix it, or pass --config=configs/default.py')
-
-
-@contextlib.contextmanager
-def _loader_logs_muted() -> Iterator[None]:
-  """Drops ml_collections' log records about loading a config file, which train.py words itself."""
-  muted = lambda record: not record.pathname.endswith('config_flags.py')
-  absl_logger = logging.getLogger('absl')
-  absl_logger.addFilter(muted)
-  try:
-    yield
-  finally:
-    absl_logger.removeFilter(muted)
 
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -124,24 +64,6 @@ _COMPILATION_CACHE = flags.DEFINE_string(
 HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
 
 
-def config_flag_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Each field of the config as the flag that sets it to its value, for --print_config."""
-  from trainer import config_rules  # pylint: disable=g-import-not-at-top
-  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
-          for name, value in sorted(config_rules.fields(config).items())]
-
-
-def _unknown_field(error: Exception) -> str:
-  """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
-  text = str(error.args[0]) if error.args else str(error)
-  found = CONFIG_FIELD_NAMED.search(text)
-  name = found.group(1) if found else text.split()[0]
-  suggestion = CONFIG_FIELD_GUESS.search(text)
-  hint = (f'did you mean {suggestion.group(1)!r}?' if suggestion
-          else 'check the name in the config file')
-  return f'the config has no field {name!r}; {hint}'
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
@@ -161,7 +83,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except ConfigFileFailed as error:
     fail(str(error), 2)
   except (AttributeError, KeyError) as error:
-    fail(_unknown_field(error), 2)
+    fail(unknown_field(error), 2)
   except OSError as error:
     fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
           '--config=configs/default.py or another file in configs/', 2)
@@ -205,42 +127,6 @@ def advice(error: UserError) -> str:
   return str(error)
 
 
-_ENDING = threading.Lock()  # Held by the first thread to end the process for a lost peer.
-ABANDONED_GRACE_S = 5.0  # How long an error's exit waits for threads still running.
-
-
-def exit_past_abandoned_work(status: int) -> None:
-  """sys.exit, or at once where threads outlive the run: a save that failed before its folder was
-  made leaves orbax's threads waiting minutes for that folder, which would hold the exit, then print
-  their tracebacks. (The run closed its checkpoints first: every save that could end has ended.)
-  The error's line is out: what threads that the error stranded report after it is not shown."""
-  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
-  processes.quiet_stderr()
-  others = [thread for thread in threading.enumerate()
-            if not thread.daemon and thread is not threading.current_thread()]
-  deadline = time.monotonic() + ABANDONED_GRACE_S  # Polled: orbax's threads' join() may raise.
-  while any(thread.is_alive() for thread in others) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  if any(thread.is_alive() for thread in others):
-    run_dirs.release_held_locks()
-    processes.end_now(status)
-  sys.exit(status)
-
-
-def _stop_for_lost_peer(run_dir: 'RunDirectory') -> None:
-  """Ends a process whose peer is gone at once, its run lock released (it writes nothing more):
-  JAX's own exit would wait for the peer, then abort. Called by whichever learns of it first: the
-  lifelines' thread, or the main thread's failed collective."""
-  if not _ENDING.acquire(blocking=False):
-    threading.Event().wait()  # The other thread is ending the process.
-  from trainer import processes, run_dir as run_dirs  # pylint: disable=g-import-not-at-top
-  processes.hold_stderr()  # JAX, where it aborts the process now, waits for this line.
-  line = processes.lost_peer_line(run_dir, this_command())
-  run_dirs.release_held_locks()  # Before the line: a warning of its release is not cut off.
-  sys.stdout.flush()
-  fail(line, 1, exit_now=processes.end_now)
-
-
 def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Callable[[str], None]:
   """Checks the config, joins the other processes and sets up the compilation cache, before any
   computation (jax.distributed.initialize refuses after that); returns how to warn the user."""
@@ -251,7 +137,8 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
     launch = processes.Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
                               _DISTRIBUTED.value, _INIT_TIMEOUT.value)
     # From a watchdog thread, where sys.exit would end only the thread.
-    joined = processes.join_run(launch, give_up=functools.partial(fail, status=1, exit_now=os._exit))
+    joined = processes.join_run(launch,
+                                give_up=functools.partial(fail, status=1, exit_now=os._exit))
     backend.start()  # After joining: JAX joins no run once its backend has started.
   except UserError as error:
     fail(advice(error), 1)
@@ -269,7 +156,7 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
     try:
-      say('\n'.join(config_flag_lines(config)), sys.stdout)  # `| head` is fine.
+      say('\n'.join(flag_lines(config)), sys.stdout)  # `| head` is fine.
     except UserError as error:
       fail(advice(error), 1)
     return
@@ -296,21 +183,22 @@ def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',
   """Trains or evaluates; a user's mistake, a signal's stop or a lost peer ends in one line."""
   from trainer import evaluation, lifelines, loop, processes  # pylint: disable=g-import-not-at-top
   try:
-    lifelines.watch(_COORDINATOR.value, functools.partial(_stop_for_lost_peer, run_dir))
+    lifelines.watch(_COORDINATOR.value,
+                   functools.partial(processes.stop_for_lost_peer, run_dir, this_command()))
     if config.eval_only:
       evaluation.evaluate_checkpoint(config, run_dir)
     else:
       loop.train_and_evaluate(config, run_dir, should_stop=stop_request,
                               lock_stale_after=_LOCK_STALE_AFTER.value)
   except UserError as error:
-    fail(advice(error), 1, exit_now=exit_past_abandoned_work)
+    fail(advice(error), 1, exit_now=processes.exit_past_abandoned_work)
   except loop.Preempted as stopped:
     print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
     sys.exit(stopped.exit_status)
   except Exception as error:  # pylint: disable=broad-except; only a lost process is handled
     if not processes.lost_a_peer(error):
       raise
-    _stop_for_lost_peer(run_dir)
+    processes.stop_for_lost_peer(run_dir, this_command())
 
 
 if __name__ == '__main__':

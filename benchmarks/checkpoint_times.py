@@ -1,5 +1,5 @@
-"""Checkpoint costs, side by side in one process: save, restore, fingerprint, and epochs with and without saves.
-Then the save cadence, as real runs of train.py.
+"""Checkpoint costs, side by side in one process: save, restore, fingerprint, and epochs with and
+without saves. Then the save cadence, as real runs of train.py.
 
   python -m benchmarks.checkpoint_times [--data_dir=data/mnist] [--repeats=10] [--launches=5]
       [--min_seconds=0.5,2] [--part=all|costs|cadence]

@@ -1,4 +1,5 @@
-"""kill -9 at random moments of a real run, then the same command again: does every rerun end exactly?
+"""kill -9 at random moments of a real run, then the same command again:
+does every rerun end exactly?
 
   python -m benchmarks.kill_trials [--trials=20] [--seed=0]
 
@@ -103,7 +104,8 @@ def trial(root: pathlib.Path, number: int, window: tuple[float, float], rng: ran
   at = rng.uniform(0, duration - first_epoch if in_epochs else first_epoch)
   where = kill_after(workdir, at, from_first_epoch=in_epochs)
   if number % 2:
-    again = rng.uniform(0, first_epoch)  # During the rerun's restore, set-up or TensorBoard rebuild.
+    # During the rerun's restore, set-up or TensorBoard rebuild.
+    again = rng.uniform(0, first_epoch)
     where += f'; rerun killed at {again:.1f}s: {kill_after(workdir, again, False)}'
 
   finished = subprocess.run(_command(workdir), cwd=workload.ROOT, capture_output=True, text=True)

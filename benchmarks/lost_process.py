@@ -44,8 +44,9 @@ def launch(workdir: str) -> list[subprocess.Popen]:
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu',
          'XLA_FLAGS': '--xla_force_host_platform_device_count=2'}
   return [subprocess.Popen(
-      [sys.executable, 'train.py', '--config=configs/default.py', *OVERRIDES, f'--workdir={workdir}',
-       f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2', f'--process_id={i}'],
+      [sys.executable, 'train.py', '--config=configs/default.py', *OVERRIDES,
+       f'--workdir={workdir}', f'--coordinator_address=127.0.0.1:{port}', '--num_processes=2',
+       f'--process_id={i}'],
       cwd=workload.ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
           for i in range(2)]
 

@@ -9,9 +9,9 @@ The epochs: the trainer's compiled epoch (benchmarks/workload.py's TrainerRun) o
 with one model and with --num_models, each warmed up by an epoch, then timed in turn per
 repetition, so load from other processes hits both alike. The launches: `python train.py
 --config=configs/default.py` (60,000 training images, 10,000 scored) for --launch_epochs epochs,
-without a compilation cache: once with num_models=N, and N times with seeds 0 to N - 1, one after another as
-benchmarks.recipes runs them; wall-clock seconds of each from process start to exit. Prints a table,
-then one JSON line.
+without a compilation cache: once with num_models=N, and N times with seeds 0 to N - 1, one after
+another as benchmarks.recipes runs them; wall-clock seconds of each from process start to exit.
+Prints a table, then one JSON line.
 """
 
 import json
@@ -31,8 +31,8 @@ from errors import UserError, fail
 _NUM_MODELS = flags.DEFINE_integer('num_models', 3, 'Members of the side-by-side run (2 or more).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed epochs of each (at least 3).')
 _LAUNCH_EPOCHS = flags.DEFINE_integer('launch_epochs', 2, 'Epochs of each launch of train.py.')
-_MAX_SHIFT = flags.DEFINE_integer('max_shift', 0, 'The epochs\' pixel shifts (configs/default.py: 1; '
-                                  'benchmark_config: 0).')
+_MAX_SHIFT = flags.DEFINE_integer('max_shift', 0, 'The epochs\' pixel shifts '
+                                  '(configs/default.py: 1; benchmark_config: 0).')
 _LAUNCHES = flags.DEFINE_bool('launches', True, 'Also time the launches of train.py.')
 
 

@@ -4,8 +4,8 @@
       [--parallel=jit|mesh] [--data=idx|synthetic] [--ablate [--repeats=11]]
       [--num_models=3 [--max_shift=1]]
 
-Traces the trainer's epoch (the run set-up's compiled program the throughput benchmark times), adds up
-the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
+Traces the trainer's epoch (the run set-up's compiled program the throughput benchmark times), adds
+up the time of each XLA op over the traced epochs, and groups the ops by what they do, read from the
 op names of the compiled program: the MLP's matmuls, the dropout (random bits and masks), the
 optimizer update (`jax.named_scope('optimizer')` in mlp/steps.py), the rest of the model, and the
 loss, metrics, batch gather and loop bookkeeping. The trace is kept with --trace_dir for
@@ -45,8 +45,10 @@ _ABLATE = flags.DEFINE_bool('ablate', False, 'After the trace: wall time per epo
                              'the step removed, interleaved.')
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'With --ablate: timed epochs of each variant.')
 _NUM_MODELS = flags.DEFINE_integer('num_models', 1, 'Models side by side in the profiled epoch.')
-_MAX_SHIFT = flags.DEFINE_integer('max_shift', 0, "The epoch's pixel shifts (configs/default.py: 1).")
-_TRACE_DIR = flags.DEFINE_string('trace_dir', '', 'Keep the trace here (default: a temporary folder).')
+_MAX_SHIFT = flags.DEFINE_integer('max_shift', 0,
+                                  "The epoch's pixel shifts (configs/default.py: 1).")
+_TRACE_DIR = flags.DEFINE_string('trace_dir', '',
+                                 'Keep the trace here (default: a temporary folder).')
 
 # The variants --ablate times: config overrides that remove a part of the step.
 ABLATIONS = {'as configured': {}, 'dropout off': {'model.dropout_rate': 0.0},
@@ -188,7 +190,8 @@ def ablate(trainer: workload.TrainerRun, config: ml_collections.ConfigDict, exam
   epochs: dict[str, Callable[[int], float]] = {
       name: functools.partial(lambda run, epoch: run.epoch(epoch)[0], run)
       for name, run in trainers.items()}
-  epochs[MATMULS_ALONE] = workload.MatmulsAloneRun(config, examples, trainers['as configured']).epoch
+  epochs[MATMULS_ALONE] = workload.MatmulsAloneRun(config, examples,
+                                                   trainers['as configured']).epoch
   times: dict[str, list[float]] = collections.defaultdict(list)
   for epoch in range(1, repeats + 1):  # Interleaved: load from other processes hits all alike.
     for name, run in epochs.items():

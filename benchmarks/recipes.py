@@ -35,8 +35,10 @@ _SPLITS = flags.DEFINE_enum('splits', 'test', ['test', 'validation'],
 _RECIPES = flags.DEFINE_list('recipes', ['config', 'conventional'],
                              'config: the config as it is; conventional: see the docstring.')
 _ONE_LAUNCH = flags.DEFINE_bool('one_launch', False, 'Each recipe\'s seeds in one launch with '
-                                 'num_models, not a launch per seed; the seeds must be consecutive.')
-_OVERRIDES = flags.DEFINE_list('overrides', [], 'More FIELD=VALUE for every run, e.g. num_epochs=2.')
+                                 'num_models, not a launch per seed; the seeds must be '
+                                 'consecutive.')
+_OVERRIDES = flags.DEFINE_list('overrides', [],
+                               'More FIELD=VALUE for every run, e.g. num_epochs=2.')
 
 RECIPES = {
     'config': [],
@@ -70,7 +72,8 @@ def row(config_file: str, recipe: str, seed: str, accuracy: float, seconds: str)
 def consecutive(seeds: list[str]) -> bool:
   """Whether the seeds are two or more integers s, s + 1, ...: what one launch of members trains."""
   return (len(seeds) > 1 and all(seed.isdigit() for seed in seeds)
-          and [int(seed) for seed in seeds] == list(range(int(seeds[0]), int(seeds[0]) + len(seeds))))
+          and [int(seed) for seed in seeds] == list(range(int(seeds[0]),
+                                                          int(seeds[0]) + len(seeds))))
 
 
 def one_launch_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:

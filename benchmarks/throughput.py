@@ -10,9 +10,9 @@ Times (1) the trainer's own epoch (the run set-up's compiled scan over device-re
 (2) the conventional loop of google/flax examples/mnist (a jitted step per batch, fed host numpy
 batches) on the same config, model, optimizer, batches and dropout keys, (3) the MLP's matmuls
 alone at the same shapes, and (4) a large matmul in the compute dtype, turned into a ceiling on
-images/s by the MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from the same state,
-compared to prove they do the same training. Then each repetition times one epoch of (1) to (3)
-and one matmul, interleaved, so load from other processes hits all of them alike. A fresh
+images/s by the MLP's matmul FLOPs per image. Both training loops first run one untimed epoch from
+the same state, compared to prove they do the same training. Then each repetition times one epoch of
+(1) to (3) and one matmul, interleaved, so load from other processes hits all of them alike. A fresh
 `python train.py` on the idx files gives the start-up time, launched twice on one new compilation
 cache: first compiling, then loading the programs. Prints a table, then one JSON line.
 

@@ -1,7 +1,7 @@
 """Best: a 784-2500-2000-1500-1000-500-10 MLP on digits distorted anew each epoch, 800 epochs.
 
-  python train.py --config=configs/best.py               # train on 60,000, score the 10,000 test images
-  python train.py --config=configs/best.py:validation    # train[:50000], score train[50000:]
+  python train.py --config=configs/best.py              # 60,000 images; scores the 10,000 test
+  python train.py --config=configs/best.py:validation   # train[:50000]; scores train[50000:]
 
 The shape of Ciresan et al. (2010), whose single MLP scored 99.65%. Chosen on the validation split
 on an NVIDIA H100 with the Flax Linen model of that time (docs/best.md: 99.67%, seed 0, beside

@@ -1,7 +1,7 @@
-"""Default: a 784-512-512-10 MLP, dropout and ±1-pixel shifts, AdamW with warmup and cosine decay.
+"""Default: a 784-512-512-10 MLP, dropout, ±1-pixel shifts, AdamW with warmup and cosine decay.
 
-  python train.py --config=configs/default.py               # train on 60,000, score the 10,000 test images
-  python train.py --config=configs/default.py:validation    # train[:50000], score train[50000:]
+  python train.py --config=configs/default.py              # 60,000 images; scores the 10,000 test
+  python train.py --config=configs/default.py:validation   # train[:50000]; scores train[50000:]
 
 Reads the MNIST files this project carries (data/mnist), offline. Choose recipes with
 `:validation`; the test set only scores a chosen one. Measured: 99.08% on validation (seed 0,
@@ -26,6 +26,15 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
     raise UserError(f'unknown splits {splits!r} after the config file name; use '
                     f'{" or ".join(SPLITS)}, e.g. --config=configs/default.py:validation')
   config = ml_collections.ConfigDict()
+  _add_recipe(config)
+  _add_running(config)
+  config.model = _model()
+  config.data = _data(splits)
+  return config
+
+
+def _add_recipe(config: ml_collections.ConfigDict) -> None:
+  """What is learned and how: seeds, length, batches, optimizer and schedule."""
   config.seed = 0
   # Models trained side by side in one program (jax.vmap): model k as a run of seed + k would train;
   # each epoch gives their mean, range and ensemble (mean probabilities), which evaluation uses.
@@ -40,9 +49,13 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   config.schedule = 'cosine'  # constant | cosine (decays to zero at the last step).
   config.warmup_epochs = 1.0
   config.label_smoothing = 0.0  # Of the training loss: 0.1 spreads 10% of each label over all ten.
+
+
+def _add_running(config: ml_collections.ConfigDict) -> None:
+  """How the run computes, saves and reports; of these, dtype and matmul_precision move numbers."""
   config.parallel = 'auto'  # auto | jit | mesh | pmap (auto: mesh when there are several devices).
   config.num_devices = 0  # Devices the run must find, all processes together; 0: those present.
-  config.checkpoint_every_epochs = 1  # And always at the end of the run and when stopped by a signal.
+  config.checkpoint_every_epochs = 1  # Also at the end of the run and when stopped by a signal.
   # But not within this many seconds of the last save (0: every checkpoint_every_epochs epochs), so
   # fast epochs are not held up by saves; a kill -9 loses about this much training at most. 1 s:
   # 40 short epochs took 1.02-1.08x the time of saving once, saving each 1.20-1.30x (measured in
@@ -54,26 +67,33 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   # bfloat16 pass; a GPU: TF32), in three bfloat16 passes, or in full float32 (as a CPU does).
   config.matmul_precision = 'default'
   config.profile_epoch = 0  # Traces this epoch with jax.profiler into the run directory; 0: off.
-  config.eval_only = False  # True: evaluate the newest good checkpoint on data.eval_split, no training.
+  config.eval_only = False  # True: evaluate the newest good checkpoint on data.eval_split only.
 
-  config.model = ml_collections.ConfigDict()
-  config.model.hidden_sizes = (512, 512)
-  config.model.dropout_rate = 0.2  # In steps of 1/256: 0.2 drops 51/256 = 0.19921875 of units.
 
-  config.data = ml_collections.ConfigDict()
-  config.data.source = 'idx'  # idx (MNIST's files, no TensorFlow) | tfds
+def _model() -> ml_collections.ConfigDict:
+  """The MLP's shape and dropout."""
+  model = ml_collections.ConfigDict()
+  model.hidden_sizes = (512, 512)
+  model.dropout_rate = 0.2  # In steps of 1/256: 0.2 drops 51/256 = 0.19921875 of units.
+  return model
+
+
+def _data(splits: str) -> ml_collections.ConfigDict:
+  """Where MNIST comes from, which splits train and score, and what augments the training images."""
+  data = ml_collections.ConfigDict()
+  data.source = 'idx'  # idx (MNIST's files, no TensorFlow) | tfds
   # Folder of MNIST's four files; '' is the copy in data/mnist (both sources: no run downloads).
   # idx: any faithful copy, gzipped or not; tfds: the canonical .gz files, which TFDS prepares from.
-  config.data.dir = ''
-  config.data.tfds_data_dir = ''  # Where TFDS keeps prepared data; '' is TFDS's default.
-  config.data.train_split, config.data.eval_split = SPLITS[splits]  # TFDS split syntax.
-  config.data.max_shift = 1  # Training images move by up to this many pixels each way (0: off).
+  data.dir = ''
+  data.tfds_data_dir = ''  # Where TFDS keeps prepared data; '' is TFDS's default.
+  data.train_split, data.eval_split = SPLITS[splits]  # TFDS split syntax.
+  data.max_shift = 1  # Training images move by up to this many pixels each way (0: off).
   # A random affine map and elastic field per training image, after the shift (all zeros: off).
-  config.data.distort = ml_collections.ConfigDict(dict(
+  data.distort = ml_collections.ConfigDict(dict(
       rotation=0.0,  # Degrees each way.
       scale=0.0,  # Relative, each way: 0.1 draws sizes from 90% to 110%.
       shear=0.0,  # Degrees each way.
       translate=0.0,  # Pixels each way, any fraction.
       elastic_alpha=0.0,  # Strength of the elastic field, in pixels; 0: off.
       elastic_sigma=4.0))  # Smoothness of the elastic field, in pixels.
-  return config
+  return data

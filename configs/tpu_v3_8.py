@@ -1,7 +1,7 @@
 """TPU v3-8: data parallel over its 8 cores with pmap, global batch 1024 (128 per core per step).
 
-  python train.py --config=configs/tpu_v3_8.py              # train on 60,000, score the 10,000 test images
-  python train.py --config=configs/tpu_v3_8.py:validation   # train[:50000], score train[50000:]
+  python train.py --config=configs/tpu_v3_8.py              # 60,000 images; scores the 10,000 test
+  python train.py --config=configs/tpu_v3_8.py:validation   # train[:50000]; scores train[50000:]
 
 Measured: not run on a TPU by this project (none was available). Its program is the one the tests
 run on 8 simulated CPU devices under pmap, where it gives one device's numbers

@@ -1,4 +1,5 @@
-"""Run as `python -m tests.parallel_probe OUT_DIR` under a multi-device XLA_FLAGS, never inside pytest.
+"""Run as `python -m tests.parallel_probe OUT_DIR` under a multi-device XLA_FLAGS,
+never inside pytest.
 
 Trains one config with parallel=jit, mesh and pmap, and walks the mesh's replicated state through
 an epoch, a host copy and back; writes what it saw to OUT_DIR/probe.json for tests/test_parallel.py.
@@ -19,8 +20,8 @@ from trainer import loop
 from trainer.run import compile_epochs
 from trainer.run_dir import RunDirectory
 
-# Dropout, pixel shifts and distortions on, all keyed by example, so one device and many compute the same
-# function of the same global batches: 32 steps of 128 for 2 epochs. 1 and 8 devices add the
+# Dropout, pixel shifts and distortions on, all keyed by example, so one device and many compute the
+# same function of the same global batches: 32 steps of 128 for 2 epochs. 1 and 8 devices add the
 # gradient up in different orders, and now and then a last-bit difference grows in one step to 1e-5
 # and beyond, which AdamW carries on (most likely a ReLU input pushed across zero: the jumps are
 # abrupt, and rarer with fewer units). With the default 2x512 units and dropout off that happened
@@ -29,15 +30,17 @@ from trainer.run_dir import RunDirectory
 # Which seed jumps depends on the CPU: on an AMD EPYC (2026-11-26) seed 0 parted by 1.3e-3 with
 # JAX 0.10.2 and 0.12.0.1 alike, seeds 1-3 agreed within 2e-7 on both; so seed 1.
 # checkpoint_min_seconds=0: every due epoch saved, as the multi-process kills and resumes expect.
-SETTINGS = dict(num_epochs=2, checkpoint_min_seconds=0, model__dropout_rate=0.2, model__hidden_sizes=(64, 64),
-                data__train_split='train[:4096]', data__max_shift=1, data__distort__rotation=10.0,
-                data__distort__scale=0.1, data__distort__shear=5.0, data__distort__translate=1.5,
-                data__distort__elastic_alpha=20.0, data__distort__elastic_sigma=5.0, batch_size=128,
-                eval_batch_size=1000, optimizer='adamw', learning_rate=2e-3, weight_decay=1e-4,
-                schedule='cosine', warmup_epochs=1.0, seed=1)
+SETTINGS = dict(num_epochs=2, checkpoint_min_seconds=0, model__dropout_rate=0.2,
+                model__hidden_sizes=(64, 64), data__train_split='train[:4096]', data__max_shift=1,
+                data__distort__rotation=10.0, data__distort__scale=0.1, data__distort__shear=5.0,
+                data__distort__translate=1.5, data__distort__elastic_alpha=20.0,
+                data__distort__elastic_sigma=5.0, batch_size=128, eval_batch_size=1000,
+                optimizer='adamw', learning_rate=2e-3, weight_decay=1e-4, schedule='cosine',
+                warmup_epochs=1.0, seed=1)
 MODES = ('jit', 'mesh', 'pmap')
 MEMBER_MODES = ('mesh', 'pmap')  # num_models=2 runs on the 8 devices.
-# A constant learning rate, so that the same runs also serve as the checkpoints resumed across modes.
+# A constant learning rate, so that the same runs also serve as the checkpoints
+# resumed across modes.
 RESUMABLE = {**SETTINGS, 'schedule': 'constant', 'warmup_epochs': 0}
 
 

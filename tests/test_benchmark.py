@@ -1,7 +1,8 @@
-"""benchmarks/throughput.py and profile_epoch.py on a tiny setting: their figures and one-line errors.
+"""benchmarks/throughput.py and profile_epoch.py on a tiny setting:
+their figures and one-line errors.
 
-Timings here prove nothing (the sizes are tiny); the checks are on what could silently rot: the keys,
-figures that must agree with each other, the same-training check and the start-up probe.
+Timings here prove nothing (the sizes are tiny); the checks are on what could silently rot: the
+keys, figures that must agree with each other, the same-training check and the start-up probe.
 """
 
 import json
@@ -25,13 +26,14 @@ KEYS = ('trainer_images_per_second', 'loop_images_per_second', 'ratio_vs_loop',
         'ceiling_images_per_second', 'fraction_of_ceiling', 'startup_seconds')
 
 
-ROWS = {'trainer': 'trainer (scan', 'loop': 'conventional loop', 'matmuls_alone': 'the MLP\'s matmuls',
-        'ceiling': 'ceiling (matmul'}
+ROWS = {'trainer': 'trainer (scan', 'loop': 'conventional loop',
+        'matmuls_alone': 'the MLP\'s matmuls', 'ceiling': 'ceiling (matmul'}
 RANGE = r'([\d,.]+) \[([\d,.]+) \.\. ([\d,.]+)\]'  # How the table prints median [min .. max].
 
 
 def run_benchmark(*args: str, cpu_devices: int | None = None) -> subprocess.CompletedProcess:
-  """`python -m benchmarks.throughput ARGS` from the project root; on that many CPU devices if given."""
+  """`python -m benchmarks.throughput ARGS` from the project root;
+  on that many CPU devices if given."""
   env = {**os.environ, **(on_devices(cpu_devices) if cpu_devices else {})}
   return subprocess.run([sys.executable, '-m', 'benchmarks.throughput', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300, env=env)
@@ -199,7 +201,8 @@ def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
 
 
 def test_launch_phases_names_imports_and_the_projects_functions(tmp_path):
-  """The table's rows come from a real profile: a project function that ran is listed with its time."""
+  """The table's rows come from a real profile:
+  a project function that ran is listed with its time."""
   import pstats  # pylint: disable=g-import-not-at-top
 
   from benchmarks.launch_phases import phases

@@ -1,10 +1,12 @@
-"""Checkpoints: exact resume after a stop, SIGTERM or SIGKILL, damaged checkpoints, mismatches, NaN."""
+"""Checkpoints: exact resume after a stop, SIGTERM or SIGKILL,
+damaged checkpoints, mismatches, NaN."""
 
 import errno
 import hashlib
 import json
 import logging
 import os
+import pathlib
 import re
 import shlex
 import shutil
@@ -13,7 +15,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO, NamedTuple
 
 import jax
 import numpy as np
@@ -99,7 +102,8 @@ def saved_epochs(workdir) -> list[int]:
 
 
 def snapshot(folder) -> dict[str, str]:
-  """Every file under `folder` and a hash of its bytes: what 'nothing changed' is checked against."""
+  """Every file under `folder` and a hash of its bytes:
+  what 'nothing changed' is checked against."""
   return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
           for p in sorted(folder.rglob('*')) if p.is_file()}
 
@@ -237,7 +241,8 @@ def largest_file(folder):
 
 
 def assert_tensorboard_matches_metrics(workdir):
-  """TensorBoard shows each epoch once, with metrics.jsonl's values, after purging orphaned steps."""
+  """TensorBoard shows each epoch once, with metrics.jsonl's values,
+  after purging orphaned steps."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   events = event_accumulator.EventAccumulator(str(workdir))
   events.Reload()
@@ -251,38 +256,52 @@ def assert_tensorboard_matches_metrics(workdir):
 # How each damage is done to a checkpoint folder, what the warning must say about it, and whether
 # the rerun is train.py itself (the failed read of a truncated file used to print tracebacks at
 # exit) or, faster, in-process.
+class Damage(NamedTuple):
+  """A way to damage a saved checkpoint, the words its warning gives, and whether the rerun that
+  falls back is train.py itself."""
+  harm: Callable[[pathlib.Path], Any]
+  why: str
+  with_train_py: bool = False
+
+
+def damage(harm: Callable[[pathlib.Path], Any], why: str, name: str, with_train_py: bool = False,
+           slow: bool = False) -> Any:
+  return pytest.param(Damage(harm, why, with_train_py), id=name,
+                      marks=[pytest.mark.slow] if slow else [])
+
+
 DAMAGE = [
-    pytest.param(lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read', True,
-                 id='truncated data file', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint', False,
-                 id='one flipped bit of a weight'),
+    damage(lambda ckpt: truncate(largest_file(ckpt / 'state')), 'cannot be read',
+           'truncated data file', with_train_py=True, slow=True),
+    damage(lambda ckpt: flip_a_stored_bit(ckpt / 'state'), 'fingerprint',
+           'one flipped bit of a weight'),
     # The file's first bytes open a zstd frame: a chunk that no longer decodes.
-    pytest.param(lambda ckpt: replace_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
-                 False, id='a chunk that no longer decodes'),
-    pytest.param(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read', False,
-                 id='deleted metadata', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: replace_first_byte(ckpt / 'state' / '_METADATA', 0x84),
-                 'UnicodeDecodeError', False, id='metadata that is not text'),
-    pytest.param(lambda ckpt: folder_in_place_of(ckpt / 'meta' / 'metadata'), 'IsADirectoryError',
-                 False, id='a folder in place of a file', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError', False,
-                 id='a file in place of a folder', marks=pytest.mark.slow),
-    pytest.param(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
-                 'holds no fingerprint, or no config', False, id='metadata of another shape',
-                 marks=pytest.mark.slow),
-    # Not a checkpoint, yet where orbax writes the epoch's: it used to delete the file to save there.
-    pytest.param(file_in_place_of, 'it is a file, not a folder', False,
-                 id='a file in place of the checkpoint', marks=pytest.mark.slow),
-    pytest.param(link_to_nothing_in_place_of, 'it is a link to nothing', False,
-                 id='a link to nothing in place of the checkpoint', marks=pytest.mark.slow),
+    damage(lambda ckpt: replace_first_byte(largest_file(ckpt / 'state')), 'cannot be read',
+           'a chunk that no longer decodes'),
+    damage(lambda ckpt: (ckpt / 'state' / '_METADATA').unlink(), 'cannot be read',
+           'deleted metadata', slow=True),
+    damage(lambda ckpt: replace_first_byte(ckpt / 'state' / '_METADATA', 0x84),
+           'UnicodeDecodeError', 'metadata that is not text'),
+    damage(lambda ckpt: folder_in_place_of(ckpt / 'meta' / 'metadata'), 'IsADirectoryError',
+           'a folder in place of a file', slow=True),
+    damage(lambda ckpt: file_in_place_of(ckpt / 'state'), 'NotADirectoryError',
+           'a file in place of a folder', slow=True),
+    damage(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
+           'holds no fingerprint, or no config', 'metadata of another shape', slow=True),
+    # Not a checkpoint, yet where orbax writes the epoch's:
+    # it used to delete the file to save there.
+    damage(file_in_place_of, 'it is a file, not a folder', 'a file in place of the checkpoint',
+           slow=True),
+    damage(link_to_nothing_in_place_of, 'it is a link to nothing',
+           'a link to nothing in place of the checkpoint', slow=True),
 ]
 
 
-@pytest.mark.parametrize('damage_fn, why, with_train_py', DAMAGE)
+@pytest.mark.parametrize('damaged', DAMAGE)
 def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
-    damage_fn, why, with_train_py, small_run, small_copy, capfd):
-  damage_fn(small_copy / '3')
-  if with_train_py:
+    damaged, small_run, small_copy, capfd):
+  damaged.harm(small_copy / '3')
+  if damaged.with_train_py:
     out = run_train(CONFIG, f'--workdir={small_copy}', *override_flags(**SMALL))
     assert out.returncode == 0, out.stderr
     stdout, stderr = out.stdout, out.stderr
@@ -291,7 +310,8 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
     stdout, stderr = capfd.readouterr()
   warnings = stderr.strip().splitlines()
   assert len(warnings) == 1, stderr  # One line: no traceback from the failed read either.
-  assert warnings[0].startswith('warning: the checkpoint of epoch 3 is damaged') and why in warnings[0]
+  assert (warnings[0].startswith('warning: the checkpoint of epoch 3 is damaged')
+          and damaged.why in warnings[0])
   assert 'fell back to epoch 2' in warnings[0]
   assert 'resumed from epoch 2' in stdout
   assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
@@ -304,9 +324,10 @@ def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
   """Orbax's reads of epoch `epoch`'s state raise `error`, as a storage fault would: inside the
   Exception orbax wraps every failed read of an array in, which names no cause of its own."""
   read = checkpoint.ocp.CheckpointManager.restore
-  wrapper = ('Encountered error while reading array index: (slice(0, 784, 1), slice(0, 512, 1)). See '
-             'full TensorStore details: <bound method pybind11_detail_function_record_v1_system_'
-             "libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1.spec of TensorStore({'driver': 'zarr'})>.")
+  wrapper = ('Encountered error while reading array index: (slice(0, 784, 1), slice(0, 512, 1)). '
+             'See full TensorStore details: <bound method pybind11_detail_function_record_v1_'
+             "system_libstdcpp_gxx_abi_1xxx_use_cxx11_abi_1.spec of TensorStore({'driver': "
+             "'zarr'})>.")
 
   def restore(manager, step, *args, **kwargs):
     if step == epoch and checkpoint.STATE in kwargs['args'].keys():
@@ -319,10 +340,12 @@ def failing_state_reads(monkeypatch, epoch: int, error: BaseException) -> None:
 # Failures of a read that say nothing about the checkpoint's files, with what the user is told.
 TRANSIENT = {
     'EIO': (OSError(errno.EIO, 'Input/output error'), 'OSError: [Errno 5] Input/output error'),
-    'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading "params.hidden.0.kernel.value/0.0" in '
-                                  'OCDBT database'), 'ValueError: DEADLINE_EXCEEDED'),
-    'no permission': (ValueError('PERMISSION_DENIED: Error reading "params.hidden.0.kernel.value/0.0" '
-                                 'in OCDBT database at local file "/r/3/state/": Failed to open'),
+    'an NFS timeout': (ValueError('DEADLINE_EXCEEDED: Error reading '
+                                  '"params.hidden.0.kernel.value/0.0" in OCDBT database'),
+                       'ValueError: DEADLINE_EXCEEDED'),
+    'no permission': (ValueError('PERMISSION_DENIED: Error reading '
+                                 '"params.hidden.0.kernel.value/0.0" in OCDBT database at local '
+                                 'file "/r/3/state/": Failed to open'),
                       'ValueError: PERMISSION_DENIED'),
 }
 
@@ -448,8 +471,10 @@ def test_a_stray_numbered_entry_is_said_once_in_the_apps_own_words_and_kept(
   warnings = [line for line in capsys.readouterr().err.splitlines() if line]
   assert len(warnings) == 1, warnings
   assert warnings[0].startswith(f'warning: the checkpoint of epoch 9 is damaged: {why}')
-  assert warnings[0].endswith(f'moved it to {small_copy / DAMAGED_PREFIX}9 and fell back to epoch 3')
-  assert not os.path.lexists(small_copy / '9') and os.path.lexists(small_copy / f'{DAMAGED_PREFIX}9')
+  assert warnings[0].endswith(f'moved it to {small_copy / DAMAGED_PREFIX}9 and fell back to '
+                              'epoch 3')
+  assert (not os.path.lexists(small_copy / '9')
+          and os.path.lexists(small_copy / f'{DAMAGED_PREFIX}9'))
 
 
 def test_a_stray_numbered_file_alone_is_refused_and_kept(tmp_path):
@@ -457,7 +482,8 @@ def test_a_stray_numbered_file_alone_is_refused_and_kept(tmp_path):
   with pytest.raises(UserError, match=r'no checkpoint in .* can be restored \(epoch 2: it is a '
                      r'file, not a folder\)'):
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
-  assert sorted(p.name for p in tmp_path.iterdir()) == ['2', 'run.lock']  # Nothing moved, nothing made.
+  # Nothing moved, nothing made.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['2', 'run.lock']
   assert (tmp_path / '2').read_text() == 'notes'
 
 
@@ -504,7 +530,8 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
 
 def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, small_copy, tmp_path):
   before = snapshot(small_copy)
-  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), RunDirectory(small_copy))
+  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True),
+                                          RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
       3, final['eval_loss'], final['eval_accuracy'])
@@ -516,12 +543,14 @@ def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, smal
   assert {k: v for k, v in snapshot(small_copy).items() if k not in written} == before
 
   other_split = evaluation.evaluate_checkpoint(
-      make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'), RunDirectory(small_copy))
+      make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'),
+      RunDirectory(small_copy))
   assert other_split['eval_split'] == 'test[:1000]'
   assert other_split['eval_accuracy'] != record['eval_accuracy']
 
   with pytest.raises(UserError, match='no checkpoint in .* to evaluate'):
-    evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True), RunDirectory(tmp_path / 'none'))
+    evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True),
+                                   RunDirectory(tmp_path / 'none'))
   assert not (tmp_path / 'none').exists()
 
 
@@ -554,7 +583,8 @@ def test_sigkill_in_the_middle_of_an_epoch_then_rerun_ends_with_the_same_numbers
   wait_for(lambda: recorded(tmp_path, 2) and (tmp_path / '2').is_dir(), process)
   process.kill()
   process.communicate()
-  assert 2 in saved_epochs(tmp_path) and len(read_records(RunDirectory(str(tmp_path)))) < LONG["num_epochs"]
+  assert (2 in saved_epochs(tmp_path)
+          and len(read_records(RunDirectory(str(tmp_path)))) < LONG["num_epochs"])
 
   out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(**LONG))
   assert out.returncode == 0, out.stderr
@@ -773,8 +803,9 @@ def test_a_finished_run_rerun_on_another_eval_split_reports_that_split(small_run
   final = read_metrics(small_run)[-1]
   assert record['train_loss'] == final['train_loss']  # Training figures as recorded...
   assert record['eval_loss'] != final['eval_loss']  # ...evaluation of the split asked for now.
-  reference = evaluation.evaluate_checkpoint(make_config(**SMALL, data__eval_split='test[6000:8000]',
-                                                      eval_only=True), RunDirectory(small_copy))
+  reference = evaluation.evaluate_checkpoint(
+      make_config(**SMALL, data__eval_split='test[6000:8000]', eval_only=True),
+      RunDirectory(small_copy))
   assert (record['eval_loss'], record['eval_accuracy']) == (reference['eval_loss'],
                                                             reference['eval_accuracy'])
 
@@ -841,7 +872,8 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
   end of epoch 3, or in epoch 3's save. Each report first waits for the save as orbax would, so
   that no save still writes while the run clears up after the failure.
   """
-  saved, save, wait = [], checkpoint.Checkpoints.save, checkpoint.ocp.CheckpointManager.wait_until_finished
+  saved, save, wait = ([], checkpoint.Checkpoints.save,
+                       checkpoint.ocp.CheckpointManager.wait_until_finished)
 
   def counted_save(self, epoch, *args, **kwargs):
     save(self, epoch, *args, **kwargs)
@@ -880,9 +912,9 @@ def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_t
   with pytest.raises(UserError) as error:
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
   assert str(error.value) == (
-      f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write {tmp_path} '
-      '(No space left on device); free space or restore access there, then rerun the same command '
-      'to resume from the newest checkpoint (epoch 1)')
+      f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write '
+      f'{tmp_path} (No space left on device); free space or restore access there, then rerun the '
+      'same command to resume from the newest checkpoint (epoch 1)')
   assert saved_epochs(tmp_path) == [1]
   assert [r['epoch'] for r in read_metrics(tmp_path)] == [1, 2]
 
@@ -950,8 +982,8 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   def hook(exception: Exception) -> None:
     sys.unraisablehook(type('Unraisable', (), {'exc_value': exception, 'object': None}))
 
-  write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.hidden.0.bias.value/0" at local file '
-                     f'"{tmp_path}/run/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
+  write = ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.hidden.0.bias.value/0" at local '
+                     f'file "{tmp_path}/run/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/"')
   read = Exception('Encountered error while reading array index: (slice(0, 512, 1),). See full '
                    f"TensorStore details: {{'path': '{tmp_path}/run/3/state/'}}")
   assert shown('Future exception was never retrieved', write) == [False, False]
@@ -980,7 +1012,8 @@ def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
     loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), should_stop=stop_after(1))
   with pytest.raises(UserError, match="saved with dtype='bfloat16', but this run has "
                                       "dtype='float32'"):
-    loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), RunDirectory(tmp_path / 'stopped'))
+    loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}),
+                            RunDirectory(tmp_path / 'stopped'))
   loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'))
   assert without_timings(read_metrics(tmp_path / 'stopped')) == without_timings(
       read_metrics(tmp_path / 'straight'))

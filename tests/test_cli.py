@@ -21,6 +21,7 @@ from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fail
                             run_train)
 from trainer import backend, config_rules
 from trainer import evaluation, loop
+from trainer.config_file import ConfigFileFailed, flag_lines
 from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
@@ -50,7 +51,8 @@ def corrupt_copy(mnist_dir, folder):
 
 # Mistakes a user makes on the command line, each checked as printed by a real train.py.
 BAD_INPUTS = {
-    'typo in an override key': ([CONFIG, '--config.lerning_rate=0.1'], "did you mean 'learning_rate'"),
+    'typo in an override key': ([CONFIG, '--config.lerning_rate=0.1'],
+                                "did you mean 'learning_rate'"),
     'value of the wrong type': ([CONFIG, '--config.batch_size=big'], 'batch_size=big'),
     'no config flag': ([], 'no config given'),
     'config file that does not exist': (['--config=configs/nope.py'], 'No such file'),
@@ -76,8 +78,8 @@ def test_bad_input_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_di
   assert not (ROOT / 'checkpoints' / 'nope').exists()
 
 
-INSTALL_OR_UNSET = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), or '
-                    'unset JAX_PLATFORMS to run on the devices JAX finds')
+INSTALL_OR_UNSET = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, on a fresh clone), '
+                    'or unset JAX_PLATFORMS to run on the devices JAX finds')
 
 
 @pytest.mark.parametrize('platforms, expected', [
@@ -183,7 +185,7 @@ def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
 
 
 def config_flag_names(config) -> list[str]:
-  return [line.split('=')[0] for line in train.config_flag_lines(config)]
+  return [line.split('=')[0] for line in flag_lines(config)]
 
 
 @pytest.mark.parametrize('case', BAD_CONFIGS)
@@ -208,7 +210,7 @@ def test_a_config_file_that_raises_is_one_line_naming_the_exception_and_the_file
 def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_path):
   config_file = tmp_path / 'broken.py'
   config_file.write_text('import math\n\ndef get_config():\n  return math.sqrt(-1)\n')
-  with pytest.raises(train.ConfigFileFailed) as error:
+  with pytest.raises(ConfigFileFailed) as error:
     load_config(config_file)
   assert str(error.value) == (
       f'the config file raised ValueError: math domain error ({config_file}, line 4); fix it, or '
@@ -257,7 +259,8 @@ def test_output_that_cannot_be_written_is_one_line_and_later_lines_go_nowhere(tm
                          stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
   assert out.returncode == 1
   assert out.stderr.splitlines() == ['error: cannot write the output (No space left on device); '
-                                     'free space where it is redirected, then rerun the same command']
+                                     'free space where it is redirected, then rerun the same '
+                                     'command']
 
 
 @pytest.mark.parametrize('script', ['train.py', 'predict.py', 'export.py'])

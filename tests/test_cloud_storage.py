@@ -37,7 +37,8 @@ def records(workdir: str, name: str = 'metrics.jsonl') -> list[dict]:
 def names(workdir: str) -> set[str]:
   from google.cloud import storage  # pylint: disable=g-import-not-at-top
   bucket, _, prefix = workdir[len('gs://'):].partition('/')
-  return {b.name[len(prefix) + 1:] for b in storage.Client().list_blobs(bucket, prefix=prefix + '/')}
+  return {b.name[len(prefix) + 1:]
+          for b in storage.Client().list_blobs(bucket, prefix=prefix + '/')}
 
 
 def launch(*args: str) -> subprocess.Popen:

@@ -105,7 +105,8 @@ def _flip_one_label(payload: bytes) -> bytes:
 def test_a_damaged_or_missing_file_is_refused_naming_it(mnist_dir, tmp_path):
   altered = _copy_as(mnist_dir, tmp_path / 'altered', transform=_flip_one_label)
   with pytest.raises(UserError, match=r'altered/t10k-labels-idx1-ubyte is not MNIST\'s '
-                     r't10k-labels-idx1-ubyte \(the SHA-256 of its contents is .*download it again'):
+                     r't10k-labels-idx1-ubyte \(the SHA-256 of its contents is '
+                     r'.*download it again'):
     load_idx(str(altered), 'test')
   truncated = tmp_path / 'truncated'
   truncated.mkdir()

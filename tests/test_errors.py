@@ -18,9 +18,10 @@ TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/oc
 
 @pytest.mark.parametrize('error, reason', [
     (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), 'No space left on device'),
-    (ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.hidden.0.bias.value/0" in OCDBT database: '
-                f'Failed writing: "{TENSORSTORE_PATH}": Failed to write 395387 bytes to file 5: No '
-                "space left on device [os_error_code='28']"), 'No space left on device'),
+    (ValueError(f'RESOURCE_EXHAUSTED: Error writing "params.hidden.0.bias.value/0" in OCDBT '
+                f'database: Failed writing: "{TENSORSTORE_PATH}": Failed to write 395387 bytes to '
+                "file 5: No space left on device [os_error_code='28']"),
+     'No space left on device'),
     (ValueError(f'PERMISSION_DENIED: Error opening file: "{TENSORSTORE_PATH}": Failed to open: '
                 "Permission denied [os_error_code='13']"), 'Permission denied'),
     # Another tensorstore release names no OS reason, only the status.
@@ -45,8 +46,8 @@ def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
 def test_a_folder_or_file_in_the_way_is_named_as_the_fix(code):
   error = OSError(code, os.strerror(code))
   assert str(write_failed('/r/metrics.jsonl', error)) == (
-      f'cannot write /r/metrics.jsonl ({os.strerror(code)}); move the folder or file in its way out '
-      'of it, then rerun the same command')
+      f'cannot write /r/metrics.jsonl ({os.strerror(code)}); move the folder or file in its way '
+      'out of it, then rerun the same command')
 
 
 def test_a_folder_that_is_not_there_or_takes_no_files_is_named_as_the_fix():

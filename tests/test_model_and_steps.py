@@ -68,7 +68,8 @@ def test_batch_metrics_on_hand_computed_logits():
   masked = steps.batch_metrics(logits, labels, mask=jnp.array([True, False]))
   np.testing.assert_allclose(masked['loss'], np.log(12.0), rtol=1e-6)
   assert int(masked['correct']) == 0 and int(masked['count']) == 1
-  assert steps.summarize({'loss': 3.0, 'correct': 1, 'count': 4}) == {'loss': 0.75, 'accuracy': 0.25}
+  assert (steps.summarize({'loss': 3.0, 'correct': 1, 'count': 4})
+          == {'loss': 0.75, 'accuracy': 0.25})
 
 
 def test_train_step_lowers_the_loss_on_its_batch():
@@ -133,4 +134,5 @@ def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabili
   np.testing.assert_allclose(ensemble, np.mean(each, axis=0), rtol=1e-6, atol=1e-7)
   assert not np.allclose(each[0], each[1])  # Three models, not one.
   lone = create(steps.run_keys(4)[0])
-  np.testing.assert_array_equal(ensemble_logits(lone, images), predict(lone, images))  # One model: its own logits.
+  # One model: its own logits.
+  np.testing.assert_array_equal(ensemble_logits(lone, images), predict(lone, images))

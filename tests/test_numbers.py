@@ -56,7 +56,8 @@ def assert_near_recorded(records: list[dict], seed: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != 'cpu',
-                    reason='the recorded numbers are XLA:CPU\'s; an accelerator sums in other orders')
+                    reason='the recorded numbers are XLA:CPU\'s; an accelerator sums in other '
+                           'orders')
 def test_the_default_config_stays_near_its_recorded_numbers(tmp_path, mnist_dir):
   """configs/default.py, seed 0, 30 epochs on train[:8000], scored on test[:2000]."""
   out = run_train('--config=configs/default.py', f'--workdir={tmp_path}', *override_flags())

@@ -21,7 +21,8 @@ from trainer.run import choose_mode
 
 @pytest.fixture(scope='module')
 def probe(tmp_path_factory, mnist_dir):
-  """tests/parallel_probe.py run once on 8 simulated devices: its report, stdout and output folder."""
+  """tests/parallel_probe.py run once on 8 simulated devices:
+  its report, stdout and output folder."""
   out = tmp_path_factory.mktemp('probe')
   result = subprocess.run([sys.executable, '-m', 'tests.parallel_probe', str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
@@ -82,8 +83,8 @@ def test_mode_follows_the_config_and_the_devices(overrides, devices, processes, 
     ({'eval_batch_size': 1001}, 4, 2,
      'eval_batch_size must divide evenly over 4 devices, got 1001', '1004'),
     ({'num_devices': 8}, 1, 1, 'num_devices must match the 1 device present, got 8', '0'),
-    ({'parallel': 'jit'}, 4, 2, "parallel must be mesh (or auto) in a run of 2 processes, got 'jit'",
-     'mesh'),
+    ({'parallel': 'jit'}, 4, 2,
+     "parallel must be mesh (or auto) in a run of 2 processes, got 'jit'", 'mesh'),
     ({'parallel': 'pmap'}, 4, 2, 'parallel must be mesh (or auto) in a run of 2 processes (pmap',
      'mesh'),
     ({'parallel': 'jit', 'num_devices': 8}, 8, 1,
@@ -113,7 +114,8 @@ def test_a_checkpoint_saved_in_one_mode_resumes_in_any_other_exactly(probe, firs
 
 @pytest.mark.slow
 def test_the_tpu_recipe_starts_on_a_simulated_v3_32_pod_slice(tmp_path, mnist_dir):
-  """configs/tpu_v3_8.py with its docstring's pod flags, on 32 devices (a tiny model, two short epochs)."""
+  """configs/tpu_v3_8.py with its docstring's pod flags, on 32 devices
+  (a tiny model, two short epochs)."""
   out = subprocess.run(
       [sys.executable, 'train.py', '--config=configs/tpu_v3_8.py', f'--workdir={tmp_path}',
        '--config.parallel=mesh', '--config.num_devices=32', '--config.num_epochs=2',

@@ -41,8 +41,8 @@ def photograph(pixels: np.ndarray, rng: np.random.Generator) -> Image.Image:
   """An MNIST digit as a photo of it: 4-8x larger, dark ink on grey-white paper, off-centre."""
   scale = int(rng.integers(4, 9))
   side = 28 * scale
-  ink = np.asarray(Image.fromarray(255 - pixels.reshape(28, 28)).resize((side, side),
-                                                                        Image.Resampling.BICUBIC), float)
+  ink = np.asarray(Image.fromarray(255 - pixels.reshape(28, 28)).resize(
+      (side, side), Image.Resampling.BICUBIC), float)
   height, width = (int(n) for n in rng.integers(side + 60, 2 * side + 100, size=2))
   page = 235 + rng.normal(0, 4, (height, width))
   top, left = int(rng.integers(0, height - side)), int(rng.integers(0, width - side))
@@ -80,7 +80,8 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
 
 def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_run, monkeypatch):
   """predict.py and export.py read the run so: orbax lists its checkpoints in threads, and a
-  machine short of memory or at its limit of processes refuses them (as under `ulimit -v 1500000`)."""
+  machine short of memory or at its limit of processes refuses them (as under
+  `ulimit -v 1500000`)."""
   def refused(thread):
     raise RuntimeError(THREAD_REFUSED)
 
@@ -179,7 +180,8 @@ BAD_INPUTS = {
     'not an image': (lambda f, run: (f / 'digit.png').write_text('not a picture'),
                      '{f}/digit.png', 'is not an image Pillow can read'),
     'missing file': (lambda f, run: None, '{f}/seven.png', 'does not exist'),
-    'a pipe': (lambda f, run: os.mkfifo(f / 'pipe.png'), '{f}/pipe.png', 'is neither a file nor a folder'),
+    'a pipe': (lambda f, run: os.mkfifo(f / 'pipe.png'), '{f}/pipe.png',
+               'is neither a file nor a folder'),
     'blank picture': (lambda f, run: Image.new('L', (90, 60), 'white').save(f / 'blank.jpg'),
                       '{f}/blank.jpg', 'no digit found'),
     'empty folder': (lambda f, run: (f / 'empty').mkdir(), '{f}/empty', 'holds no image files'),
@@ -187,7 +189,8 @@ BAD_INPUTS = {
     'run is a file': (lambda f, run: (f / 'run').write_text('x'), '{png}',
                       'is a file; pass a --workdir that names a folder'),
     'huge picture': (lambda f, run: Image.new('1', (12000, 12000)).save(f / 'huge.png'),
-                     '{f}/huge.png', 'is too large a picture to read (Image size (144000000 pixels)'),
+                     '{f}/huge.png',
+                     'is too large a picture to read (Image size (144000000 pixels)'),
     'damaged checkpoints only': (
         lambda f, run: flip_each_checkpoint(shutil.copytree(run(), f / 'run')), '{png}',
         'can be restored'),
@@ -244,8 +247,8 @@ def test_when_no_file_holds_a_digit_each_is_said_before_any_run_is_read(tmp_path
   out = run_train(f'--workdir={tmp_path / "nowhere"}', str(tmp_path), script='predict.py')
   assert out.returncode == 1 and out.stdout == ''
   assert out.stderr.strip().splitlines() == [
-      f'error: {tmp_path / name} is not an image Pillow can read; pass PNG, JPEG or another picture '
-      'format' for name in ('a.png', 'b.png')]
+      f'error: {tmp_path / name} is not an image Pillow can read; pass PNG, JPEG or another '
+      'picture format' for name in ('a.png', 'b.png')]
 
 
 def test_a_photographed_digit_is_made_the_way_mnist_made_its_own(mnist_dir):

@@ -1,4 +1,5 @@
-"""One training run per run directory: a second run stops at once; a killed holder blocks nothing."""
+"""One training run per run directory: a second run stops at once;
+a killed holder blocks nothing."""
 
 import os
 import pathlib
@@ -47,7 +48,8 @@ def test_a_lock_that_cannot_be_opened_is_one_line_and_is_left_in_place(tmp_path)
 def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
   votes = []
 
-  def on_every_process(ok: bool) -> bool:  # The collective, as process 1 sees it when process 0 is refused.
+  # The collective, as process 1 sees it when process 0 is refused.
+  def on_every_process(ok: bool) -> bool:
     votes.append(ok)
     return False
 

@@ -37,7 +37,8 @@ def make(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
 @needs_make
 @pytest.mark.parametrize('version', ['3.10.13',  # Ubuntu 22.04's, as on a TPU VM.
                                      '3.15.0'])  # Newer than every wheel of the stack.
-def test_without_a_python_of_3_11_to_3_14_make_stops_in_one_line_creating_nothing(version, tmp_path):
+def test_without_a_python_of_3_11_to_3_14_make_stops_in_one_line_creating_nothing(
+    version, tmp_path):
   fake_python(tmp_path, 'python3', version)
   out = make(tmp_path, 'train')
   assert out.returncode != 0 and not (tmp_path / 'venv').exists()
@@ -81,8 +82,9 @@ def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_p
     (hidden / name / '__init__.py').write_text(
         f"raise ImportError(\"No module named '{name}'\")\n" if name == missing else '')
   assert_fails_cleanly(['--config=configs/quick.py', *override_flags(data__source='tfds')],
-                       f"needs TensorFlow and TensorFlow Datasets (No module named '{missing}'), an "
-                       'extra that `make train` leaves out: pip install -r requirements/tfds.txt',
+                       f"needs TensorFlow and TensorFlow Datasets (No module named '{missing}'), "
+                       'an extra that `make train` leaves out: pip install -r '
+                       'requirements/tfds.txt',
                        tmp_path / 'run', env={'PYTHONPATH': str(hidden)})
 
 
@@ -90,7 +92,8 @@ def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_p
     (['train.py', '--config=configs/quick.py'], 'ml_collections'),
     (['predict.py', '--workdir=run', 'docs/digits'], 'numpy'),
     (['export.py', '--workdir=run', '--out=model'], 'absl')])
-def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_fixes(command, module):
+def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_fixes(
+    command, module):
   """As when a user runs `python train.py` without the environment `make train` made."""
   out = subprocess.run([sys.executable, '-S', '-E', *command], cwd=ROOT, capture_output=True,
                        text=True, timeout=60)  # No site-packages: the standard library alone.

@@ -1,4 +1,5 @@
-"""The TFDS source: its real code path offline on the carried files, under mock data, and its one-line errors."""
+"""The TFDS source: its real code path offline on the carried files, under mock data,
+and its one-line errors."""
 
 import errno
 import gzip
@@ -75,7 +76,8 @@ def test_a_copy_that_is_not_byte_for_byte_canonical_is_refused_in_one_line(tmp_p
     (folder / f.name).write_bytes(f.read_bytes())
   labels = folder / 'train-labels-idx1-ubyte.gz'
   labels.write_bytes(gzip.compress(gzip.decompress(labels.read_bytes()), mtime=0))
-  with pytest.raises(UserError, match=r'NonMatchingChecksumError.*--config\.data\.source=idx') as error:
+  with pytest.raises(UserError,
+                     match=r'NonMatchingChecksumError.*--config\.data\.source=idx') as error:
     load_split(tfds_config(tmp_path, data__dir=str(folder)).data, 'train')
   assert '\n' not in str(error.value)
 
@@ -101,7 +103,8 @@ def test_manual_dir_missing_files_is_named_before_tfds_tries_to_download_them(tm
     (folder / f.name).write_bytes(f.read_bytes())
   config = tfds_config(tmp_path, data__dir=str(folder))
   start = time.monotonic()
-  with pytest.raises(UserError, match='lacks train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz;'):
+  with pytest.raises(UserError,
+                     match='lacks train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz;'):
     load_split(config.data, 'train')
   assert time.monotonic() - start < 10
 

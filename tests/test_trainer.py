@@ -1,4 +1,5 @@
-"""The training loop in-process: determinism, its three outputs, and an evaluation that misses nobody."""
+"""The training loop in-process: determinism, its three outputs,
+and an evaluation that misses nobody."""
 
 import errno
 import gzip
@@ -160,7 +161,8 @@ def test_an_epoch_moves_nothing_between_host_and_devices_unasked(mnist_dir):
   state = epochs.fresh_state()
   with jax.transfer_guard('disallow'):
     with pytest.raises(jax.errors.JaxRuntimeError, match='Disallowed host-to-device transfer'):
-      epochs.train_program(state, epochs.train_data, epochs.run_key, np.int32(1))  # The guard bites.
+      # The guard bites.
+      epochs.train_program(state, epochs.train_data, epochs.run_key, np.int32(1))
     state, train_metrics = epochs.train_epoch(state, 1)
     eval_metrics = epochs.evaluate(state)
   assert jax.device_get(state.step) == epochs.steps_per_epoch == 2

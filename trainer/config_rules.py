@@ -19,8 +19,8 @@ from mlp.optim import OPTIMIZERS, SCHEDULES
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
-POSITIVE_INTEGERS = ('num_epochs', 'num_models', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
-                     'max_checkpoints_to_keep')
+POSITIVE_INTEGERS = ('num_epochs', 'num_models', 'batch_size', 'eval_batch_size',
+                     'checkpoint_every_epochs', 'max_checkpoints_to_keep')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
            'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES}
 
@@ -51,8 +51,8 @@ def _check_numbers(config: ml_collections.ConfigDict) -> None:
     raise ConfigError('seed', f'must be an integer from 0 to {2**32 - 1} (a JAX key holds 32 '
                       'bits)', config.seed, '0')
   if config.seed + config.num_models > 2**32:
-    raise ConfigError('num_models', f'must leave seed + num_models - 1 at most {2**32 - 1} (model k '
-                      f'trains with seed + k; seed is {config.seed})', config.num_models,
+    raise ConfigError('num_models', f'must leave seed + num_models - 1 at most {2**32 - 1} '
+                      f'(model k trains with seed + k; seed is {config.seed})', config.num_models,
                       str(2**32 - config.seed))
   for name in ('num_devices', 'profile_epoch'):
     if not _is_int(config[name]) or config[name] < 0:

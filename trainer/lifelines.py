@@ -2,10 +2,10 @@
 ends without a goodbye (killed, crashed) is known to the others at once, wherever they wait.
 
 JAX learns of a lost process at once in a collective (its connection is reset), but in a barrier of
-its coordination service, where every checkpoint save waits, only when the heartbeat runs out (60 s),
-and then aborts the process. The kernel of a killed process closes its connections: a closed
-lifeline says so within milliseconds. A host that goes down closes nothing: JAX's heartbeat still
-tells that. JAX is imported inside the functions that use it."""
+its coordination service, where every checkpoint save waits, only when the heartbeat runs out
+(60 s), and then aborts the process. The kernel of a killed process closes its connections: a
+closed lifeline says so within milliseconds. A host that goes down closes nothing: JAX's heartbeat
+still tells that. JAX is imported inside the functions that use it."""
 
 import atexit
 import contextlib

@@ -1,5 +1,6 @@
 """Joining a multi-process run (a TPU pod slice, or several machines) before JAX does anything else,
-and ending it in one line on every survivor when a process is lost, never in JAX's abort.
+and ending a process in one line: on every survivor when a process is lost, never in JAX's abort,
+and past the threads that an error stranded.
 
 JAX aborts a process whose coordination service reports a lost peer (a C++ fatal log, a stack dump,
 exit 134), from a thread of its own and with no hook Python can use (`missed_heartbeat_callback`
@@ -16,13 +17,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from errors import JAX_ABORT, PEER_LOST, UserError, causes
-from trainer.run_dir import RunDirectory
+from errors import JAX_ABORT, PEER_LOST, UserError, causes, fail
+from trainer.run_dir import RunDirectory, release_held_locks
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -252,6 +254,42 @@ def end_now(status: int) -> None:
     with contextlib.suppress(subprocess.TimeoutExpired):
       _RELAYS[0].wait(timeout=5)
   os._exit(status)
+
+
+_ENDING = threading.Lock()  # Held by the first thread to end the process for a lost peer.
+
+
+def stop_for_lost_peer(run_dir: RunDirectory, command: str) -> None:
+  """Ends a process whose peer is gone at once, its run lock released (it writes nothing more):
+  JAX's own exit would wait for the peer, then abort. Called by whichever learns of it first: the
+  lifelines' thread, or the main thread's failed collective."""
+  if not _ENDING.acquire(blocking=False):
+    threading.Event().wait()  # The other thread is ending the process.
+  hold_stderr()  # JAX, where it aborts the process now, waits for this line.
+  line = lost_peer_line(run_dir, command)
+  release_held_locks()  # Before the line: a warning of its release is not cut off.
+  sys.stdout.flush()
+  fail(line, 1, exit_now=end_now)
+
+
+ABANDONED_GRACE_S = 5.0  # How long an error's exit waits for threads still running.
+
+
+def exit_past_abandoned_work(status: int) -> None:
+  """sys.exit, or at once where threads outlive the run: a save that failed before its folder was
+  made leaves orbax's threads waiting minutes for that folder, which would hold the exit, then print
+  their tracebacks. (The run closed its checkpoints first: every save that could end has ended.)
+  The error's line is out: what threads that the error stranded report after it is not shown."""
+  quiet_stderr()
+  others = [thread for thread in threading.enumerate()
+            if not thread.daemon and thread is not threading.current_thread()]
+  deadline = time.monotonic() + ABANDONED_GRACE_S  # Polled: orbax's threads' join() may raise.
+  while any(thread.is_alive() for thread in others) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  if any(thread.is_alive() for thread in others):
+    release_held_locks()
+    end_now(status)
+  sys.exit(status)
 
 
 if __name__ == '__main__':

@@ -217,8 +217,8 @@ class Reporter:
       yield
     traces = sorted(self._run_dir.path().glob('plugins/profile/*'))
     self.log(f'traced epoch {epoch} into {traces[-1]} (TensorBoard\'s profile tab with '
-             f'--logdir={self._run_dir}, once pip install -r requirements/profile.txt has added it; '
-             'or its perfetto_trace.json.gz in ui.perfetto.dev)')
+             f'--logdir={self._run_dir}, once pip install -r requirements/profile.txt has added '
+             'it; or its perfetto_trace.json.gz in ui.perfetto.dev)')
 
   def log(self, message: str) -> None:
     say(message, self._stream)

@@ -96,7 +96,8 @@ class RunDirectory:
     return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_not_a_file(self) -> None:
-    """A --workdir naming a file is the user's one line, not an error of each thing it is used for."""
+    """A --workdir naming a file is the user's one line,
+    not an error of each thing it is used for."""
     if not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
       raise UserError(f'the run directory {self.name} is a file; pass a --workdir that names a '
                       'folder')
