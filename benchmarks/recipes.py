@@ -24,7 +24,7 @@ import time
 from absl import app
 from absl import flags
 
-from benchmarks.workload import ROOT
+from benchmarks.workload import ROOT, parse_flags
 from errors import fail
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
@@ -103,8 +103,7 @@ def launch_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    fail(f'unexpected arguments {argv[1:]}; flags look like --seeds=0,1,2', 2)
+  del argv  # parse_flags refused any.
   unknown = set(_RECIPES.value) - RECIPES.keys()
   if unknown:
     fail(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}', 2)
@@ -119,4 +118,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

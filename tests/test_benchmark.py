@@ -270,3 +270,23 @@ def test_recipes_refuse_seeds_one_launch_cannot_train_in_one_line():
   assert out.stderr.strip().splitlines() == [
       'error: --one_launch trains seeds s, s+1, ... together, got --seeds=0,2; pass consecutive '
       'ones, e.g. --seeds=0,1,2']
+
+
+BENCHMARKS = sorted(path.stem for path in (ROOT / 'benchmarks').glob('[!_]*.py')
+                    if path.stem != 'workload')  # The one module that is not a command.
+
+
+@pytest.mark.parametrize('name', [
+    name if name == 'recipes' else pytest.param(name, marks=pytest.mark.slow)
+    for name in BENCHMARKS])
+def test_a_benchmark_s_unknown_flag_is_one_line_naming_the_command_and_its_help_exits_0(name):
+  command = [sys.executable, '-m', f'benchmarks.{name}']
+  out = subprocess.run([*command, '--nosuchflag=1'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.splitlines() == [
+      f"error: Unknown command line flag 'nosuchflag'; usage: python -m benchmarks.{name} "
+      '[--FLAG=VALUE ...] (--helpshort lists the flags)']
+  helped = subprocess.run([*command, '--helpshort'], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  assert helped.returncode == 0 and helped.stderr == '' and '--' in helped.stdout

@@ -175,3 +175,25 @@ MUTED_CTRL_C = ('import os, signal, time, errors\n'
 def test_a_ctrl_c_while_native_logs_are_muted_still_says_its_line_and_only_it():
   out = run_python(MUTED_CTRL_C)
   assert out.returncode == 130 and out.stderr == 'error: stopped while muted\n', out.stderr
+
+
+@pytest.mark.parametrize('command', ['predict.py', 'export.py'])
+def test_a_tool_s_help_exits_0_and_a_reader_gone_or_a_full_disk_is_no_traceback(command):
+  """absl's help exits 1 once printed; a reader that has gone (`| head -1`) is no error."""
+  helped = subprocess.run([sys.executable, command, '--helpshort'], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+  assert helped.returncode == 0 and '--workdir' in helped.stdout, helped.stderr
+  read, write = os.pipe()
+  os.close(read)  # The reader is gone before the help is printed.
+  gone = subprocess.run([sys.executable, command, '--helpfull'], cwd=ROOT, stdout=write,
+                        stderr=subprocess.PIPE, text=True, timeout=60)
+  os.close(write)
+  assert (gone.returncode, gone.stderr) == (0, '')
+  if os.path.exists('/dev/full'):
+    with open('/dev/full', 'w') as full:
+      failed = subprocess.run([sys.executable, command, '--helpfull'], cwd=ROOT, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert failed.returncode == 1
+    assert failed.stderr.splitlines() == [
+        'error: cannot write the output (No space left on device); free space where it is '
+        'redirected, then rerun the same command']
