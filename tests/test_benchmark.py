@@ -272,6 +272,14 @@ def test_recipes_refuse_seeds_one_launch_cannot_train_in_one_line():
       'ones, e.g. --seeds=0,1,2']
 
 
+def test_recipes_refuse_a_config_file_that_is_not_there_before_any_run(tmp_path):
+  out = recipes(f'--also=configs/fast.py,{tmp_path}/nope.py')
+  assert out.returncode == 2 and out.stdout == ''  # Not one run, not the table's heading.
+  assert out.stderr.strip().splitlines() == [
+      f'error: no config file {tmp_path}/nope.py (a path from {ROOT}, or absolute); pass files '
+      'that exist, e.g. --also=configs/fast.py']
+
+
 BENCHMARKS = sorted(path.stem for path in (ROOT / 'benchmarks').glob('[!_]*.py')
                     if path.stem != 'workload')  # The one module that is not a command.
 
