@@ -84,6 +84,15 @@ def first_line(text: str) -> str:
   return (text.strip().splitlines() or [''])[0]
 
 
+def clipped(text: str, limit: int = 160) -> str:
+  """A library's text's first line, at most about `limit` characters, cut between words ('...'
+  marks the cut): half a number or path would mislead."""
+  line = first_line(text)
+  if len(line) <= limit:
+    return line
+  return line[:limit + 1].rsplit(' ', 1)[0].rstrip(',;:') + ' ...'
+
+
 def error_reason(error: BaseException) -> str:
   """An error's first line, its spaces as one, to quote in a line: XLA's texts run on over many."""
   return ' '.join(first_line(str(error)).split())
@@ -159,7 +168,7 @@ def _os_reason(text: str) -> str:
     return found.group(1)
   if TENSORSTORE_SPACE_STATUS in text:
     return 'No space left on device, or over quota'
-  return first_line(text)[:160]
+  return clipped(text)
 
 
 # A folder for a file, or back.

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from errors import THREAD_REFUSED, library_unmapped, missing_module, write_failed
+from errors import THREAD_REFUSED, clipped, library_unmapped, missing_module, write_failed
 from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
@@ -197,3 +197,11 @@ def test_a_tool_s_help_exits_0_and_a_reader_gone_or_a_full_disk_is_no_traceback(
     assert failed.stderr.splitlines() == [
         'error: cannot write the output (No space left on device); free space where it is '
         'redirected, then rerun the same command']
+
+
+def test_a_library_s_long_text_is_cut_between_words_never_inside_a_number():
+  text = ('Requested byte range [985272, 987220) is out of range for a file of 9872 bytes\n'
+          'a second line')
+  assert clipped(text, 40) == 'Requested byte range [985272, 987220) is ...'
+  assert clipped(text, 35) == 'Requested byte range [985272 ...'
+  assert clipped(text) == text.splitlines()[0]  # Short enough: the first line, whole.

@@ -6,7 +6,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 
-from errors import JAX_CACHE_TROUBLE
+from errors import JAX_CACHE_TROUBLE, clipped
 
 OFF = 'off'
 FOLDER = os.path.join('mnist-mlp', 'jax-compilation-cache')  # Under the user's cache folder.
@@ -86,7 +86,7 @@ def one_warning(warn: Callable[[str], None]) -> Iterator[None]:
         show(message, category, *args, **kwargs)
       elif not said:
         said.append(True)
-        reason = str(message).split(': ', 1)[-1].splitlines()[0][:160].removeprefix('error: ')
+        reason = clipped(str(message).split(': ', 1)[-1]).removeprefix('error: ')
         folder = jax.config.jax_compilation_cache_dir or ''
         warn(f'the compilation cache {folder} failed ({reason}); the run goes on, compiling what '
              f'it cannot load (delete its folder to start it afresh, or pass '
