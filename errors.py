@@ -84,6 +84,15 @@ def first_line(text: str) -> str:
   return (text.strip().splitlines() or [''])[0]
 
 
+def clipped(text: str, limit: int = 160) -> str:
+  """A library's text's first line, at most about `limit` characters, cut between words ('...'
+  marks the cut): half a number or path would mislead."""
+  line = first_line(text)
+  if len(line) <= limit:
+    return line
+  return line[:limit + 1].rsplit(' ', 1)[0].rstrip(',;:') + ' ...'
+
+
 def error_reason(error: BaseException) -> str:
   """An error's first line, its spaces as one, to quote in a line: XLA's texts run on over many."""
   return ' '.join(first_line(str(error)).split())
@@ -159,7 +168,7 @@ def _os_reason(text: str) -> str:
     return found.group(1)
   if TENSORSTORE_SPACE_STATUS in text:
     return 'No space left on device, or over quota'
-  return first_line(text)[:160]
+  return clipped(text)
 
 
 # A folder for a file, or back.
@@ -187,13 +196,18 @@ def say(line: str, stream: TextIO) -> None:
   try:
     print(line, file=stream, flush=True)
   except OSError as error:
-    # Later lines, and the flush at exit, go nowhere instead of raising.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, stream.fileno())
-    os.close(devnull)
-    if not isinstance(error, BrokenPipeError):
-      raise UserError(f'cannot write the output ({error.strerror}); free space where it is '
-                      'redirected, then rerun the same command') from error
+    output_failed(error, stream)
+
+
+def output_failed(error: OSError, stream: TextIO) -> None:
+  """After a failed write: a reader that has gone is no error; anything else is the user's line."""
+  # Later lines, and the flush at exit, go nowhere instead of raising.
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, stream.fileno())
+  os.close(devnull)
+  if not isinstance(error, BrokenPipeError):
+    raise UserError(f'cannot write the output ({error.strerror}); free space where it is '
+                    'redirected, then rerun the same command') from error
 
 
 @contextlib.contextmanager
@@ -298,14 +312,26 @@ def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) 
   exit_now(status)
 
 
+HELP_FLAGS = frozenset({'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'})
+
+
 def parse_tool_flags(argv: list[str], usage: str) -> list[str]:
-  """absl's flag parsing for predict.py and export.py: a mistake is one line with the usage, and
-  absl logs warnings and errors only, as in train.py. Returns the arguments left over."""
+  """absl's flag parsing for predict.py, export.py and the benchmarks: help exits 0 once printed,
+  a mistake is one line with the usage, and absl logs warnings and errors only, as in train.py.
+  Returns the arguments left over."""
   from absl import flags  # pylint: disable=g-import-not-at-top; the library raises, never parses
   try:
     rest = flags.FLAGS(argv)
+  except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
+    sys.exit(0 if HELP_FLAGS & set(argv) else done.code)
   except flags.Error as error:
     fail(f'{error}; usage: {usage}', 2)
+  except OSError as error:  # The help, printed to a reader that has gone or to a full disk.
+    try:
+      output_failed(error, sys.stdout)
+    except UserError as failed:
+      fail(str(failed), 1)
+    sys.exit(0)
   if flags.FLAGS['verbosity'].using_default_value:
     flags.FLAGS.verbosity = -1  # type: ignore[assignment]
   return rest

@@ -116,8 +116,8 @@ def interrupted() -> None:
   release = getattr(sys.modules.get('trainer.run_dir'), 'release_held_locks', None)
   if release:
     release()
-  fail(f'interrupted before the next checkpoint; resume from the newest one with: {this_command()}',
-       130, exit_now=os._exit)
+  fail('interrupted before the next checkpoint; the same command resumes from the newest one, or '
+       f'starts afresh where none was saved: {this_command()}', 130, exit_now=os._exit)
 
 
 def advice(error: UserError) -> str:

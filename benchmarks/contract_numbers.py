@@ -18,7 +18,7 @@ import tempfile
 from absl import app
 from absl import flags
 
-from benchmarks.workload import ROOT
+from benchmarks.workload import ROOT, parse_flags
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the runs\' records.', required=True)
 _COMPARE = flags.DEFINE_string('compare', None, 'A folder of earlier records to compare with.')
@@ -65,4 +65,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -25,7 +25,7 @@ import time
 from absl import app
 from absl import flags
 
-from benchmarks.workload import ROOT
+from benchmarks.workload import ROOT, parse_flags
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the profiles and the output.', required=True)
 _LAUNCHES = flags.DEFINE_integer('launches', 2, 'Launches, each in a fresh run directory.')
@@ -82,4 +82,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from absl import app
 from absl import flags
 
-from benchmarks.workload import ROOT
+from benchmarks.workload import ROOT, parse_flags
 from errors import fail
 
 RUNS = ROOT / 'tests' / 'golden' / 'default_train8000'
@@ -101,8 +101,7 @@ def last_epoch_spread(runs: Iterable[list[dict]]) -> dict[str, tuple[float, ...]
 
 
 def main(argv: list[str]) -> None:
-  if len(argv) > 1:
-    fail(f'unexpected arguments {argv[1:]}; flags look like --seeds=0,1,2', 2)
+  del argv  # parse_flags refused any.
   folder = pathlib.Path(_FOLDER.value)
   if _RECORD.value:
     if not _CPU.value:
@@ -123,4 +122,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 from configs import default
 from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
-from errors import UserError, fail
+from errors import UserError, fail, parse_tool_flags
 from mlp import epoch as epoch_lib
 from mlp import steps
 from trainer.run import compile_epochs
@@ -186,14 +186,9 @@ class MatmulsAloneRun:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """Flag mistakes as one line, not absl's usage dump."""
-  try:
-    rest = flags.FLAGS(argv)
-  except flags.Error as error:
-    fail(f'{error}; run python {argv[0]} --helpshort for the flags', 2)
+  """A benchmark's flags: a mistake is one line naming the command that lists them."""
+  command = f'python -m benchmarks.{pathlib.Path(argv[0]).stem}'
+  rest = parse_tool_flags(argv, f'{command} [--FLAG=VALUE ...] (--helpshort lists the flags)')
   if len(rest) > 1:
-    fail(f'unexpected arguments {rest[1:]}; flags look like --batch_size=256', 2)
-  if flags.FLAGS['verbosity'].using_default_value:
-    # Warnings and errors only, as in train.py; set, since app.run raises an unset one to info.
-    flags.FLAGS.verbosity = -1  # type: ignore[assignment]
+    fail(f'unexpected arguments {rest[1:]}; flags look like --FLAG=VALUE', 2)
   return rest

@@ -42,9 +42,11 @@ def _read_verified(folder: pathlib.Path, gz_name: str) -> bytes:
   """The decompressed bytes of the first copy found, once their SHA-256 is MNIST's."""
   found = [path for path in candidates(folder, gz_name) if path.is_file()]
   if not found:
-    raise UserError(f'{folder / gz_name} is missing (nor is it there uncompressed); put MNIST\'s '
-                    'four files in that folder or set --config.data.dir to the folder that holds '
-                    'them')
+    odd = [path for path in candidates(folder, gz_name) if path.exists()]  # A folder, say.
+    what = f'{odd[0]} is not a file' if odd else (f'{folder / gz_name} is missing (nor is it '
+                                                  'there uncompressed)')
+    raise UserError(f'{what}; put MNIST\'s four files in that folder or set --config.data.dir to '
+                    'the folder that holds them')
   path, stem = found[0], gz_name.removesuffix('.gz')
   raw = path.read_bytes()
   try:
@@ -75,14 +77,19 @@ def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
   root = data_folder(folder)
   images_name, labels_name = FILES[name]
   try:
-    if not root.is_dir():
-      raise UserError(f'data folder {root} does not exist; set --config.data.dir to the folder '
-                      'that holds the MNIST files')
+    check_folder(root, 'set --config.data.dir to the folder that holds the MNIST files')
     images = _parse(_read_verified(root, images_name), _IMAGES_MAGIC)
     labels = _parse(_read_verified(root, labels_name), _LABELS_MAGIC)
   except OSError as error:
     raise unreadable(error, root) from error
   return images, labels.astype(np.int32)
+
+
+def check_folder(root: pathlib.Path, fix: str) -> None:
+  """data.dir must name a folder, for either source: a file there is not one that is missing."""
+  if not root.is_dir():
+    raise UserError(f'data folder {root} {"is a file" if root.exists() else "does not exist"}; '
+                    f'{fix}')
 
 
 def unreadable(error: OSError, root: pathlib.Path) -> UserError:

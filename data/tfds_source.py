@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from data.idx import FILES, data_folder, unreadable
+from data.idx import FILES, check_folder, data_folder, unreadable
 from errors import UserError, import_tensorflow_quietly
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
@@ -31,8 +31,7 @@ def _quiet_absl() -> Iterator[None]:
 def _check_folder(folder: pathlib.Path) -> None:
   """All four files must be there: TFDS would otherwise try to download the missing ones."""
   try:
-    if not folder.is_dir():
-      raise UserError(f'data folder {folder} does not exist; {FILES_HELP}')
+    check_folder(folder, FILES_HELP)
     missing = [name for name in CANONICAL_FILES if not (folder / name).is_file()]
   except OSError as error:
     raise unreadable(error, folder) from error

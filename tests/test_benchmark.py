@@ -270,3 +270,31 @@ def test_recipes_refuse_seeds_one_launch_cannot_train_in_one_line():
   assert out.stderr.strip().splitlines() == [
       'error: --one_launch trains seeds s, s+1, ... together, got --seeds=0,2; pass consecutive '
       'ones, e.g. --seeds=0,1,2']
+
+
+def test_recipes_refuse_a_config_file_that_is_not_there_before_any_run(tmp_path):
+  out = recipes(f'--also=configs/fast.py,{tmp_path}/nope.py')
+  assert out.returncode == 2 and out.stdout == ''  # Not one run, not the table's heading.
+  assert out.stderr.strip().splitlines() == [
+      f'error: no config file {tmp_path}/nope.py (a path from {ROOT}, or absolute); pass files '
+      'that exist, e.g. --also=configs/fast.py']
+
+
+BENCHMARKS = sorted(path.stem for path in (ROOT / 'benchmarks').glob('[!_]*.py')
+                    if path.stem != 'workload')  # The one module that is not a command.
+
+
+@pytest.mark.parametrize('name', [
+    name if name == 'recipes' else pytest.param(name, marks=pytest.mark.slow)
+    for name in BENCHMARKS])
+def test_a_benchmark_s_unknown_flag_is_one_line_naming_the_command_and_its_help_exits_0(name):
+  command = [sys.executable, '-m', f'benchmarks.{name}']
+  out = subprocess.run([*command, '--nosuchflag=1'], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 2
+  assert out.stderr.splitlines() == [
+      f"error: Unknown command line flag 'nosuchflag'; usage: python -m benchmarks.{name} "
+      '[--FLAG=VALUE ...] (--helpshort lists the flags)']
+  helped = subprocess.run([*command, '--helpshort'], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  assert helped.returncode == 0 and helped.stderr == '' and '--' in helped.stdout

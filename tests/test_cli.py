@@ -82,13 +82,22 @@ INSTALL_OR_UNSET = ('install its plugin (make train ACCELERATOR=cuda12, or tpu, 
                     'or unset JAX_PLATFORMS to run on the devices JAX finds')
 
 
-@pytest.mark.parametrize('platforms, expected', [
-    ('cuda', f'error: JAX has no backend for JAX_PLATFORMS=cuda; {INSTALL_OR_UNSET}'),
-    ('tpu', 'error: JAX could not start its tpu backend (INTERNAL: Failed to open libtpu.so: '),
+@pytest.mark.parametrize('env, expected', [
+    ({'JAX_PLATFORMS': 'cuda'},
+     f'error: JAX has no backend for JAX_PLATFORMS=cuda; {INSTALL_OR_UNSET}'),
+    ({'JAX_PLATFORMS': 'tpu'},
+     'error: JAX could not start its tpu backend (INTERNAL: Failed to open libtpu.so: '),
+    # JAX tries the rocm backend last for 'gpu', and names that one.
+    ({'JAX_PLATFORMS': 'gpu'}, "error: JAX has no backend for JAX_PLATFORMS=gpu (it has 'cpu', "),
+    # No JAX_PLATFORMS to unset, and no driver to check: the flags that asked for no CPU device.
+    ({'JAX_PLATFORMS': '', 'XLA_FLAGS': '--xla_force_host_platform_device_count=0'},
+     'error: JAX could not start its cpu backend (INVALID_ARGUMENT: Could not determine '
+     'process_index for this process); check XLA_FLAGS '
+     '(--xla_force_host_platform_device_count=0)'),
 ])
-def test_a_backend_that_jax_cannot_start_is_one_line_naming_the_fix(platforms, expected, tmp_path):
-  """A CPU-only install asked for an accelerator: no plugin (cuda), no libtpu (tpu)."""
-  assert_fails_cleanly([CONFIG], expected, tmp_path / 'run', env={'JAX_PLATFORMS': platforms})
+def test_a_backend_that_jax_cannot_start_is_one_line_naming_the_fix(env, expected, tmp_path):
+  """A CPU-only install asked for an accelerator: no plugin (cuda, gpu), no libtpu (tpu)."""
+  assert_fails_cleanly([CONFIG], expected, tmp_path / 'run', env=env)
 
 
 # JAX's words where another process holds this machine's TPU and JAX_PLATFORMS is unset (as a TPU
@@ -366,8 +375,9 @@ def test_ctrl_c_twice_ends_at_once_in_one_line_wherever_it_lands_and_the_rerun_r
     assert process.returncode in (130, -signal.SIGINT), stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(('error: interrupted before the next checkpoint; resume from the '
-                                'newest one with: ', 'stopped by SIGINT after epoch ')), lines[0]
+    assert lines[0].startswith((
+        'error: interrupted before the next checkpoint; the same command resumes from the newest '
+        'one, or starts afresh where none was saved: ', 'stopped by SIGINT after epoch ')), lines[0]
   out = run_train(*command[2:], timeout=300)
   assert out.returncode == 0 and out.stderr == '', out.stderr
   assert 'resumed from epoch' in out.stdout

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import warnings
 
+import jax
 import pytest
 
 from tests.conftest import ROOT, override_flags, read_metrics, without_timings
@@ -45,15 +46,22 @@ def test_a_file_in_the_cache_folders_place_is_one_warning_naming_it(where, reaso
                   '--compilation_cache=off)']
 
 
-def test_jax_cache_failures_are_one_warning_and_other_warnings_pass(recwarn):
+def test_jax_cache_failures_are_one_warning_naming_the_folder_and_other_warnings_pass(recwarn,
+                                                                                      tmp_path):
   said = []
-  with compile_cache.one_warning(said.append):
-    for name in ('jit_a', 'jit_b'):
-      warnings.warn(f"Error writing persistent compilation cache entry for '{name}': "
-                    'OSError: [Errno 28] No space left on device')
-    warnings.warn('something else')
+  before = jax.config.jax_compilation_cache_dir
+  jax.config.update('jax_compilation_cache_dir', str(tmp_path))
+  try:
+    with compile_cache.one_warning(said.append):
+      for name in ('jit_a', 'jit_b'):
+        warnings.warn(f"Error writing persistent compilation cache entry for '{name}': "
+                      'OSError: [Errno 28] No space left on device')
+      warnings.warn('something else')
+  finally:
+    jax.config.update('jax_compilation_cache_dir', before)
   assert len(said) == 1
-  assert 'OSError: [Errno 28] No space left on device' in said[0], said
+  assert said[0].startswith(f'the compilation cache {tmp_path} failed (OSError: [Errno 28] No '
+                            'space left on device); the run goes on'), said
   assert [str(w.message) for w in recwarn] == ['something else']
 
 

@@ -117,6 +117,11 @@ def test_a_damaged_or_missing_file_is_refused_naming_it(mnist_dir, tmp_path):
   (truncated / 't10k-images-idx3-ubyte.gz').unlink()
   with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is missing'):
     load_idx(str(truncated), 'test')
+  (truncated / 't10k-images-idx3-ubyte.gz').mkdir()  # Where the file should be, not a file.
+  with pytest.raises(UserError, match='t10k-images-idx3-ubyte.gz is not a file; put MNIST'):
+    load_idx(str(truncated), 'test')
+  with pytest.raises(UserError, match=f'data folder {mnist_dir / "README.md"} is a file; set '):
+    load_idx(str(mnist_dir / 'README.md'), 'test')
 
 
 def test_an_unreadable_file_is_refused_naming_it_and_the_fix(mnist_dir, tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from errors import THREAD_REFUSED, library_unmapped, missing_module, write_failed
+from errors import THREAD_REFUSED, clipped, library_unmapped, missing_module, write_failed
 from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
@@ -175,3 +175,33 @@ MUTED_CTRL_C = ('import os, signal, time, errors\n'
 def test_a_ctrl_c_while_native_logs_are_muted_still_says_its_line_and_only_it():
   out = run_python(MUTED_CTRL_C)
   assert out.returncode == 130 and out.stderr == 'error: stopped while muted\n', out.stderr
+
+
+@pytest.mark.parametrize('command', ['predict.py', 'export.py'])
+def test_a_tool_s_help_exits_0_and_a_reader_gone_or_a_full_disk_is_no_traceback(command):
+  """absl's help exits 1 once printed; a reader that has gone (`| head -1`) is no error."""
+  helped = subprocess.run([sys.executable, command, '--helpshort'], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+  assert helped.returncode == 0 and '--workdir' in helped.stdout, helped.stderr
+  read, write = os.pipe()
+  os.close(read)  # The reader is gone before the help is printed.
+  gone = subprocess.run([sys.executable, command, '--helpfull'], cwd=ROOT, stdout=write,
+                        stderr=subprocess.PIPE, text=True, timeout=60)
+  os.close(write)
+  assert (gone.returncode, gone.stderr) == (0, '')
+  if os.path.exists('/dev/full'):
+    with open('/dev/full', 'w') as full:
+      failed = subprocess.run([sys.executable, command, '--helpfull'], cwd=ROOT, stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=60)
+    assert failed.returncode == 1
+    assert failed.stderr.splitlines() == [
+        'error: cannot write the output (No space left on device); free space where it is '
+        'redirected, then rerun the same command']
+
+
+def test_a_library_s_long_text_is_cut_between_words_never_inside_a_number():
+  text = ('Requested byte range [985272, 987220) is out of range for a file of 9872 bytes\n'
+          'a second line')
+  assert clipped(text, 40) == 'Requested byte range [985272, 987220) is ...'
+  assert clipped(text, 35) == 'Requested byte range [985272 ...'
+  assert clipped(text) == text.splitlines()[0]  # Short enough: the first line, whole.

@@ -346,6 +346,10 @@ BAD_LAUNCHES = {
     'a coordinator address without a port': (
         [CONFIG, '--coordinator_address=localhost', '--num_processes=2', '--process_id=0'], 1,
         "--coordinator_address='localhost' is not HOST:PORT"),
+    # JAX's coordinator would crash the process (a segmentation fault) on a port in use.
+    'a coordinator port another program listens on': (
+        [CONFIG, '--coordinator_address=127.0.0.1:{held port}', '--num_processes=2',
+         '--process_id=0'], 1, 'port {held port} (another program listens there'),
     'a peer that never starts': (
         [CONFIG, '--coordinator_address=127.0.0.1:{port}', '--num_processes=2', '--process_id=0',
          '--initialization_timeout=2'], 1, 'not every process joined the run within 2s'),
@@ -358,5 +362,13 @@ SLOW_LAUNCHES = ('a peer that never starts',)  # It waits out the 2 s timeout.
     for case in BAD_LAUNCHES])
 def test_bad_launch_ends_in_one_line_and_changes_nothing(case, tmp_path, mnist_dir):
   args, devices, expected = BAD_LAUNCHES[case]
-  args = [arg.replace('{port}', str(free_port())) for arg in args]
-  assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
+  with socket.create_server(('127.0.0.1', 0)) as held:
+    ports = {'{port}': str(free_port()), '{held port}': str(held.getsockname()[1])}
+    args, expected = ([fill(arg, ports) for arg in args]), fill(expected, ports)
+    assert_fails_cleanly(args, expected, tmp_path / 'run', env=on_devices(devices))
+
+
+def fill(text: str, values: dict[str, str]) -> str:
+  for name, value in values.items():
+    text = text.replace(name, value)
+  return text

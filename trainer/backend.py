@@ -12,15 +12,20 @@ from errors import host_out_of_memory, thread_refused
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
-# JAX_PLATFORMS='' to automatically choose an available backend)".
+# JAX_PLATFORMS='' to automatically choose an available backend)"; where it is unset, "(you may need
+# to uninstall the failing plugin package, or set JAX_PLATFORMS=cpu to skip this backend.)".
 _CANNOT_START = re.compile(
-    r"Unable to initialize backend '([^']+)': (.*?)(?: \(set JAX_PLATFORMS=.*)?$", re.S)
+    r"Unable to initialize backend '([^']+)': (.*?)"
+    r"(?: \((?:set JAX_PLATFORMS=|you may need to uninstall the failing plugin).*)?$", re.S)
 # Its words when the TPU failed where JAX_PLATFORMS is unset (JAX then runs on the CPU, saying so
 # in a warning only) and `jax.devices('tpu')` asks for it: "Backend 'tpu' failed to initialize:
 # ABORTED: The TPU is already in use by process with pid 2718. Not attempting to load libtpu.so in
 # this process.. Available backends are ['cpu']".
 _FAILED_QUIETLY = re.compile(
     r"Backend 'tpu' failed to initialize: (.*?)\.*\s*Available backends")
+# And for a backend it has no plugin for: "Backend 'rocm' is not in the list of known backends:
+# ['cpu', 'tpu']."
+_KNOWN = re.compile(r"not in the list of known backends: \[([^\]]*)\]")
 _PLUGIN = 'make train ACCELERATOR=cuda12, or tpu, on a fresh clone'
 _UNSET = 'unset JAX_PLATFORMS to run on the devices JAX finds'
 _INSTALL = f'install its plugin ({_PLUGIN}), or {_UNSET}'
@@ -37,8 +42,12 @@ def start(cpu_will_do: bool = False) -> None:
     if not found:
       raise
     backend, reason = found.groups()
-    raise UserError(f'JAX could not start its {backend} backend ({reason}); {_fix(reason)}'
-                    ) from error
+    if known := _KNOWN.search(reason):  # JAX_PLATFORMS=gpu names the rocm backend it tried last.
+      raise UserError(f'JAX has no backend for JAX_PLATFORMS={os.environ.get("JAX_PLATFORMS")} '
+                      f'(it has {known.group(1)}); name one of those, or {_UNSET}; a GPU or TPU '
+                      f'needs its plugin ({_PLUGIN})') from error
+    raise UserError(f'JAX could not start its {backend} backend ({reason}); '
+                    f'{_fix(reason, backend)}') from error
   except AssertionError as error:  # JAX's answer when no platform named has a plugin installed.
     platforms = os.environ.get('JAX_PLATFORMS')
     if not platforms:
@@ -62,17 +71,17 @@ def _refuse_a_held_tpu() -> None:
                       'run on the CPU') from error
 
 
-def _fix(reason: str) -> str:
+def _fix(reason: str, backend: str = 'tpu') -> str:
   """What to do about a backend that could not start, by JAX's reason."""
   if 'in use' in reason:
     return 'another process holds it: wait for that one to end, or stop it'
-  if 'known backends' in reason:
-    return ('name one of those in JAX_PLATFORMS, or unset it; a GPU or TPU needs its plugin '
-            f'({_PLUGIN})')
   if 'libtpu' in reason:
     return _INSTALL
-  return ('check that this machine has that device and that its driver works (a GPU: '
-          f'nvidia-smi), or {_UNSET}')
+  check = ('check that this machine has that device and that its driver works (a GPU: '
+           'nvidia-smi)')
+  if backend == 'cpu':  # No driver: the CPU's devices are what XLA_FLAGS asks of it.
+    check = f'check XLA_FLAGS ({os.environ.get("XLA_FLAGS", "unset")})'
+  return f'{check}, or {_UNSET}' if os.environ.get('JAX_PLATFORMS') else check
 
 
 def out_of_memory(error: BaseException) -> BaseException | None:

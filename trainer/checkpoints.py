@@ -27,7 +27,7 @@ from etils import epath
 from mlp import steps
 from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
                     ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
-from errors import UserError, causes, first_cause, first_line, host_limit
+from errors import UserError, causes, clipped, first_cause, host_limit
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 
@@ -167,7 +167,7 @@ def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.Checkpoi
 
 
 def _why(error: BaseException) -> str:
-  return f'{type(error).__name__}: {first_line(str(error))[:160]}'
+  return f'{type(error).__name__}: {clipped(str(error))}'
 
 
 class _Damaged(Exception):

@@ -6,7 +6,7 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 
-from errors import JAX_CACHE_TROUBLE
+from errors import JAX_CACHE_TROUBLE, clipped
 
 OFF = 'off'
 FOLDER = os.path.join('mnist-mlp', 'jax-compilation-cache')  # Under the user's cache folder.
@@ -76,6 +76,7 @@ def enable(flag: str | None, warn: Callable[[str], None],
 @contextlib.contextmanager
 def one_warning(warn: Callable[[str], None]) -> Iterator[None]:
   """JAX's warnings about cache entries it could not read or write, as one line at most."""
+  import jax  # pylint: disable=g-import-not-at-top
   said: list[bool] = []
   with warnings.catch_warnings():
     show = warnings.showwarning
@@ -85,9 +86,11 @@ def one_warning(warn: Callable[[str], None]) -> Iterator[None]:
         show(message, category, *args, **kwargs)
       elif not said:
         said.append(True)
-        reason = str(message).split(': ', 1)[-1].splitlines()[0][:160]
-        warn(f'the compilation cache failed ({reason}); the run goes on, compiling what it cannot '
-             'load (pass --compilation_cache=off to stop using it)')
+        reason = clipped(str(message).split(': ', 1)[-1]).removeprefix('error: ')
+        folder = jax.config.jax_compilation_cache_dir or ''
+        warn(f'the compilation cache {folder} failed ({reason}); the run goes on, compiling what '
+             f'it cannot load (delete its folder to start it afresh, or pass '
+             f'--compilation_cache={OFF} to stop using it)')
 
     warnings.showwarning = show_once
     yield

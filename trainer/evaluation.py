@@ -40,11 +40,9 @@ def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list
   run.reporter.pictures({
       'mistakes': pictures.draw_mistakes(images, labels, predicted, f'mistakes on {where}'),
       'confusion': pictures.draw_confusion(matrix, f'confusion matrix on {where}')}, epoch)
-  per_digit = pictures.per_digit_accuracy(matrix)
-  shares = '  '.join(f'{digit} {100 * share:.1f}%' for digit, share in enumerate(per_digit))
-  run.reporter.log(f'eval accuracy per digit{ensemble_of(run.config)}: {shares}; drew its '
-                   'mistakes.png and confusion.png')
-  return per_digit
+  run.reporter.log(f'eval accuracy per digit{ensemble_of(run.config)}: '
+                   f'{pictures.per_digit_text(matrix)}; drew its mistakes.png and confusion.png')
+  return pictures.per_digit_accuracy(matrix)
 
 
 def _score(run: Run, restored: Restored) -> dict:

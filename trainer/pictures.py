@@ -26,6 +26,13 @@ def per_digit_accuracy(matrix: np.ndarray) -> list[float]:
   return [float(matrix[d, d] / totals[d]) if totals[d] else 0.0 for d in range(10)]
 
 
+def per_digit_text(matrix: np.ndarray) -> str:
+  """Each digit's accuracy as printed; n/a, not 0%, for a digit a small eval split holds none of."""
+  counts = matrix.sum(axis=1)
+  return '  '.join(f'{digit} {100 * share:.1f}%' if counts[digit] else f'{digit} n/a'
+                   for digit, share in enumerate(per_digit_accuracy(matrix)))
+
+
 def mistakes_size(count: int) -> tuple[int, int]:
   """(width, height) of the mistakes picture showing `count` wrong images (at most 100 drawn)."""
   rows = -(-min(count, MAX_MISTAKES) // COLUMNS)

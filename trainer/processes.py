@@ -11,9 +11,11 @@ follows. JAX is imported inside the functions that use it: the relay never impor
 
 import contextlib
 import dataclasses
+import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -68,6 +70,8 @@ def join_run(launch: Launch, give_up: Callable[[str], None] = lambda _: None) ->
   if address is not None and not re.fullmatch(r'\S+:\d{1,5}', address):
     raise UserError(f'--coordinator_address={address!r} is not HOST:PORT; pass the address of '
                     'process 0 and a free port, e.g. --coordinator_address=10.0.0.2:8476')
+  if address is not None and launch.process_id == 0:
+    check_port_free(address)
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
 
   if 'JAX_LOGGING_LEVEL' not in os.environ:
@@ -91,6 +95,29 @@ def join_run(launch: Launch, give_up: Callable[[str], None] = lambda _: None) ->
   finally:
     watchdog.cancel()
   return True
+
+
+def check_port_free(address: str) -> None:
+  """Process 0's coordinator must listen on its port: JAX crashes the process (a segmentation
+  fault) where another program already does."""
+  # Where JAX binds it: every address of this machine, unless JAX_COORDINATOR_BIND_ADDRESS says.
+  bind = os.environ.get('JAX_COORDINATOR_BIND_ADDRESS') or f'[::]:{address.rsplit(":", 1)[1]}'
+  host, port = bind.rsplit(':', 1)
+  host = host.strip('[]')
+  family = socket.AF_INET6 if ':' in host else socket.AF_INET
+  try:
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A closed run's port is free.
+      if family == socket.AF_INET6:
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+      probe.bind((host, int(port)))
+  except OSError as error:
+    held = error.errno == errno.EADDRINUSE
+    why = ('another program listens there: a run still going, or another job' if held else
+           error.strerror or str(error))
+    raise UserError(f'process 0 cannot serve --coordinator_address={address} on port {port} '
+                    f'({why}); {"stop it, or " if held else ""}pass a free port in every '
+                    'process\'s --coordinator_address') from error
 
 
 def mute_native_stdout() -> None:
