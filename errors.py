@@ -59,9 +59,6 @@ JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation 
 PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
                        r'heartbeat|[Bb]arrier')
 JAX_ABORT = b'Terminating process because the JAX distributed service detected fatal errors'
-# ml_collections' error for an override of a field the config lacks: the name, and its guess.
-CONFIG_FIELD_NAMED = re.compile(r"'([\w.]+)")
-CONFIG_FIELD_GUESS = re.compile(r'Did you mean "([^"]+)"')
 
 
 def causes(error: BaseException | None) -> Iterator[BaseException]:
@@ -114,7 +111,7 @@ def library_unmapped(error: BaseException) -> str | None:
   if unmapped is None:
     return None
   named = unmapped.group(1)  # A path, or a bare name where a library it needs failed.
-  library = _shown(named) if os.path.isabs(named) else named
+  library = shown(named) if os.path.isabs(named) else named
   said = f'the system would not load {library} (failed to map segment from shared object)'
   with contextlib.suppress(OSError):
     if os.statvfs(named if os.path.isabs(named) else sys.prefix).f_flag & os.ST_NOEXEC:
@@ -187,13 +184,21 @@ def say(line: str, stream: TextIO) -> None:
   try:
     print(line, file=stream, flush=True)
   except OSError as error:
-    # Later lines, and the flush at exit, go nowhere instead of raising.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, stream.fileno())
-    os.close(devnull)
-    if not isinstance(error, BrokenPipeError):
-      raise UserError(f'cannot write the output ({error.strerror}); free space where it is '
-                      'redirected, then rerun the same command') from error
+    lost = output_lost(error, stream)
+    if lost:
+      raise lost from error
+
+
+def output_lost(error: OSError, stream: TextIO) -> UserError | None:
+  """After a write to `stream` failed: its later lines, and its flush at exit, go nowhere instead of
+  raising again. The user's line, or None for a reader that has gone (`| head -1`): no mistake."""
+  devnull = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(devnull, stream.fileno())
+  os.close(devnull)
+  if isinstance(error, BrokenPipeError):
+    return None
+  return UserError(f'cannot write the output ({error.strerror}); free space where it is '
+                   'redirected, then rerun the same command')
 
 
 @contextlib.contextmanager
@@ -261,7 +266,7 @@ def missing_module(error: ModuleNotFoundError) -> str | None:
   if not top or any(os.path.isfile(os.path.join(PROJECT_ROOT, *path))
                     for path in ((top, '__init__.py'), (f'{top}.py',))):
     return None
-  python = _shown(sys.executable)
+  python = shown(sys.executable)
   if top in getattr(sys, 'stdlib_module_names', ()):  # Python 3.10 and later know theirs.
     return (f'this Python ({python}) was built without its standard module {name!r} (a system '
             'library was missing as it was compiled); make the environment with another Python: '
@@ -269,11 +274,11 @@ def missing_module(error: ModuleNotFoundError) -> str | None:
   what = (f"this Python's {top} has no module {name!r} (another version than the project pins?)"
           if top != name and _installed(top) else f'this Python ({python}) has no module {name!r}')
   venv = os.path.join(PROJECT_ROOT, '.venv')
-  reinstall = f'{python} -m pip install -r {_shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}'
+  reinstall = f'{python} -m pip install -r {shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}'
   if os.path.realpath(sys.prefix) == os.path.realpath(venv):
     return f'{what}, which this project needs; install its requirements again: {reinstall}'
   fix = (f'run the command with the Python of its environment (make train makes it): '
-         f'{_shown(os.path.join(venv, "bin", "python"))} {shlex.join(sys.argv)}')
+         f'{shown(os.path.join(venv, "bin", "python"))} {shlex.join(sys.argv)}')
   if sys.prefix != sys.base_prefix and sys.version_info >= (3, 11):  # A virtual environment.
     fix += f', or install the requirements into this one: {reinstall}'
   return f'{what}, which this project needs; {fix}'
@@ -286,7 +291,7 @@ def _installed(module: str) -> bool:
     return False
 
 
-def _shown(path: str) -> str:
+def shown(path: str) -> str:
   """A path as the user may type it from here: relative below this folder, else absolute; quoted."""
   relative = os.path.relpath(path)
   return shlex.quote(os.path.abspath(path) if relative.startswith('..') else relative)

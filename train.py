@@ -17,8 +17,9 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, UserError, fail, say
-from trainer.config_file import ConfigFileFailed, ConfigFileParser, flag_lines, unknown_field
+from errors import ConfigError, UserError, fail, output_lost, say
+from trainer.config_file import (ConfigFileFailed, ConfigFileParser, TupleOverrideParser,
+                                 flag_lines, pass_a_config)
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
@@ -30,6 +31,8 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 # Flag.parser is absl's public attribute; ml_collections takes no parser of our own.
 flags.FLAGS['config'].parser = ConfigFileParser(flags.FLAGS['config'].parser)
+# A tuple field's overrides, through ml_collections' public registry of parsers by type.
+config_flags.register_flag_parser_for_type(tuple, TupleOverrideParser())
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory for metrics, TensorBoard events and checkpoints '
     '(default: checkpoints/<config file name>).')
@@ -67,33 +70,39 @@ HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
-    try:
-      rest = flags.FLAGS(argv)
-    except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
-      sys.exit(0 if set(argv) & HELP_FLAGS else done.code)
+    rest = _parse_or_help(argv)
     if flags.FLAGS['verbosity'].using_default_value:
       # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
       # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
       flags.FLAGS.verbosity = -1  # type: ignore[assignment]
     config = _CONFIG.value
-    if config is not None:
-      config.keys()  # A config file that failed to load raises on first use: make that use here.
   except flags.Error as error:
     fail(f'{error}; run python train.py --helpshort for the flags', 2)
   except ConfigFileFailed as error:
     fail(str(error), 2)
-  except (AttributeError, KeyError) as error:
-    fail(unknown_field(error), 2)
-  except OSError as error:
-    fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
-          '--config=configs/default.py or another file in configs/', 2)
   except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
     fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
   if config is None:
-    fail('no config given; pass --config=configs/default.py (or another file in configs/)', 2)
+    fail(f'no config given; {pass_a_config()}', 2)
   return rest
+
+
+def _parse_or_help(argv: list[str]) -> list[str]:
+  """absl's parsing; --help and its kin end the program once the help is written: 0, or where the
+  help could not be written, that line (never blaming a flag or the config file)."""
+  try:
+    return flags.FLAGS(argv)
+  except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
+    sys.exit(0 if set(argv) & HELP_FLAGS else done.code)
+  except OSError as error:  # Of the flags' parsing only the help writes (to stdout).
+    if not set(argv) & HELP_FLAGS:
+      raise
+    lost = output_lost(error, sys.stdout)
+    if lost:
+      fail(str(lost), 1)
+    sys.exit(0)  # A reader that has gone (`| head -3`) read what it wanted.
 
 
 def default_workdir() -> str:
