@@ -17,8 +17,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, UserError, fail, say
-from trainer.config_file import ConfigFileFailed, ConfigFileParser, flag_lines, unknown_field
+from errors import ConfigError, UserError, fail, parse_or_help, say
+from trainer.config_file import ConfigFileFailed, ConfigFileParser, flag_lines, pass_a_config
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
@@ -61,38 +61,21 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     'off: compile every program.')
 
 
-HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
-    try:
-      rest = flags.FLAGS(argv)
-    except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
-      sys.exit(0 if set(argv) & HELP_FLAGS else done.code)
-    if flags.FLAGS['verbosity'].using_default_value:
-      # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
-      # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
-      flags.FLAGS.verbosity = -1  # type: ignore[assignment]
+    rest = parse_or_help(argv)
     config = _CONFIG.value
-    if config is not None:
-      config.keys()  # A config file that failed to load raises on first use: make that use here.
   except flags.Error as error:
     fail(f'{error}; run python train.py --helpshort for the flags', 2)
   except ConfigFileFailed as error:
     fail(str(error), 2)
-  except (AttributeError, KeyError) as error:
-    fail(unknown_field(error), 2)
-  except OSError as error:
-    fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
-          '--config=configs/default.py or another file in configs/', 2)
   except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
     fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
   if config is None:
-    fail('no config given; pass --config=configs/default.py (or another file in configs/)', 2)
+    fail(f'no config given; {pass_a_config()}', 2)
   return rest
 
 

@@ -80,11 +80,13 @@ def override_flags(**overrides) -> list[str]:
   return [f'--config.{name}={value}' for name, value in _merged(overrides).items()]
 
 
-def run_train(*args: str, env: dict | None = None, timeout: int = 300,
-              script: str = 'train.py') -> subprocess.CompletedProcess:
-  """Runs train.py (or another of the project's commands) as a user would, from the project root."""
-  return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout, env={**os.environ, **(env or {})})
+def run_train(*args: str, env: dict | None = None, timeout: int = 300, script: str = 'train.py',
+              cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+  """Runs train.py (or another of the project's commands) as a user would, from the project root
+  (or from `cwd`, naming the script by its path)."""
+  return subprocess.run([sys.executable, str(ROOT / script) if cwd != ROOT else script, *args],
+                        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, **(env or {})})
 
 
 # TensorFlow 2.19 and later log to file descriptor 2 at import wherever oneDNN is on (by default
