@@ -18,7 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from errors import ConfigError, UserError, fail, parse_or_help, say
-from trainer.config_file import ConfigFileFailed, ConfigFileParser, flag_lines, pass_a_config
+from trainer.config_file import ConfigFileFailed, ConfigFileParser, pass_a_config
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
@@ -139,7 +139,8 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
     try:
-      say('\n'.join(flag_lines(config)), sys.stdout)  # `| head` is fine.
+      from trainer import config_rules  # pylint: disable=g-import-not-at-top; it imports JAX
+      say('\n'.join(config_rules.flag_lines(config)), sys.stdout)  # `| head` is fine.
     except UserError as error:
       fail(advice(error), 1)
     return

@@ -24,7 +24,7 @@ from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fail
                             run_train)
 from trainer import backend, config_rules
 from trainer import evaluation, loop
-from trainer.config_file import ConfigFileFailed, flag_lines
+from trainer.config_file import ConfigFileFailed
 from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
@@ -223,7 +223,7 @@ def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
 
 
 def config_flag_names(config) -> list[str]:
-  return [line.split('=')[0] for line in flag_lines(config)]
+  return [line.split('=')[0] for line in config_rules.flag_lines(config)]
 
 
 @pytest.mark.parametrize('case', BAD_CONFIGS)

@@ -8,7 +8,6 @@ import difflib
 import logging
 import os
 import re
-import shlex
 import sys
 import traceback
 from collections.abc import Iterator
@@ -221,10 +220,3 @@ def _listed(names: list[str]) -> str:
   head, rest = names[:NAMED_AT_MOST], names[NAMED_AT_MOST:]
   last = f'{len(rest)} more' if rest else head.pop()
   return f'the fields {", ".join(head)} and {last}'
-
-
-def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Each field of the config as the flag that sets it to its value, for --print_config."""
-  from trainer import config_rules  # pylint: disable=g-import-not-at-top; it imports JAX
-  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
-          for name, value in sorted(config_rules.fields(config).items())]

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import numbers
+import shlex
 from typing import Any
 
 import ml_collections
@@ -139,6 +140,12 @@ def validate(config: ml_collections.ConfigDict) -> None:
 def fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Each field by its dotted name, as a flag names it: `data.distort.rotation`."""
   return traverse_util.flatten_dict(config.to_dict(), sep='.')
+
+
+def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
+  """Each field of the config as the flag that sets it to its value, for --print_config."""
+  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
+          for name, value in sorted(fields(config).items())]
 
 
 def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
