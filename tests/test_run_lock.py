@@ -1,6 +1,7 @@
 """One training run per run directory: a second run stops at once;
 a killed holder blocks nothing."""
 
+import logging
 import os
 import pathlib
 import re
@@ -13,7 +14,9 @@ import time
 import pytest
 
 from errors import UserError
-from tests.conftest import ROOT, override_flags, run_train
+from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, offline_credentials,
+                            override_flags, run_train)
+from trainer import run_dir
 from trainer.reporting import METRICS_FILE
 from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock, this_machine
 
@@ -399,3 +402,22 @@ def test_on_cloud_storage_a_lock_that_cannot_be_emptied_only_warns(bucket, monke
     monkeypatch.setattr(storage.Blob, 'upload_from_string', cut_off)
   assert len(warnings) == 1 and 'could not release the run lock' in warnings[0]
   assert 'the next run takes it over once it is silent for 120 s' in warnings[0]
+
+
+@pytest.mark.parametrize('project', [None, 'some-project'])
+def test_cloud_storage_out_of_reach_is_one_line_with_or_without_a_project(
+    project, tmp_path, monkeypatch, caplog):
+  """Credentials but no network, as on a laptop offline, and no project set, as `gcloud auth
+  application-default login` alone leaves a machine: a bucket's objects need none. The first touch
+  of a bucket (train.py's, eval_only's, predict.py's, export.py's) gives up within a second here."""
+  for name in CLOUD_SETTINGS:
+    monkeypatch.delenv(name, raising=False)
+  for name, value in offline_credentials(tmp_path, project).items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.setattr(run_dir, 'REACH_TIMEOUT_S', 1.0)
+  started = time.monotonic()
+  with pytest.raises(UserError) as refused:
+    RunDirectory('gs://b/run').make()
+  assert str(refused.value) == UNREACHABLE
+  assert time.monotonic() - started < 20
+  assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
