@@ -48,6 +48,27 @@ def test_a_lock_that_cannot_be_opened_is_one_line_and_is_left_in_place(tmp_path)
   assert (tmp_path / LOCK_FILE).is_dir()
 
 
+def test_a_lock_file_of_bytes_that_are_no_text_names_them_and_never_stops_a_run(tmp_path):
+  """Its text only names a holder: garbage there is shown as it is, and the flock decides."""
+  garbage, shown = b'\xff\xfe', r'\xff\xfe'
+  (tmp_path / LOCK_FILE).write_bytes(garbage)  # A lock nobody holds.
+  warnings = []
+  with RunLock(RunDirectory(tmp_path), warn=warnings.append):
+    assert (tmp_path / LOCK_FILE).read_text().startswith('host ')
+  assert warnings == [f'took over the run directory {tmp_path} from a run that ended without '
+                      f'releasing its lock ({shown}; that process is gone)']
+  holder = hold(tmp_path)
+  try:
+    with open(tmp_path / LOCK_FILE, 'r+b') as lock:  # The text of a lock another process holds.
+      lock.write(garbage)
+      lock.truncate()
+    with pytest.raises(UserError, match=re.escape(f'is in use by a training run ({shown}); wait')):
+      with RunLock(RunDirectory(tmp_path)):
+        pass
+  finally:
+    kill(holder)
+
+
 def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
   votes = []
 
@@ -402,6 +423,22 @@ def test_on_cloud_storage_a_lock_that_cannot_be_emptied_only_warns(bucket, monke
     monkeypatch.setattr(storage.Blob, 'upload_from_string', cut_off)
   assert len(warnings) == 1 and 'could not release the run lock' in warnings[0]
   assert 'the next run takes it over once it is silent for 120 s' in warnings[0]
+
+
+def test_on_cloud_storage_a_lock_of_bytes_that_are_no_text_waits_to_go_stale(bucket):
+  """Whether it was a run's, only its silence tells: taken over once stale, named as it is."""
+  workdir, warnings = f'{bucket}/run', []
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').upload_from_string(
+      b'\xff\xfe')
+  with pytest.raises(UserError, match=re.escape(r'in use by a training run (\xff\xfe; its lock')):
+    with RunLock(RunDirectory(workdir), stale_after=2.0):
+      pass
+  time.sleep(2.0)
+  with RunLock(RunDirectory(workdir), stale_after=2.0, warn=warnings.append):
+    assert lock_text(workdir).startswith(f'host {socket.gethostname()}, pid {os.getpid()}')
+  [warning] = warnings
+  assert 'stopped refreshing its lock' in warning and r'(\xff\xfe)' in warning
 
 
 @pytest.mark.parametrize('project', [None, 'some-project'])

@@ -150,10 +150,11 @@ class RunDirectory:
   def exists(self) -> bool:
     return self.path().is_dir()
 
-  def read(self, name: str) -> str | None:
-    """A file's text, or None if there is none; one line for a file that cannot be read."""
+  def read_bytes(self, name: str) -> bytes | None:
+    """A file's bytes, or None if there is none; one line for a file that cannot be read. Bytes:
+    what a line that is not UTF-8 text means is the reader's to say."""
     try:
-      return self.path(name).read_text(encoding='utf-8')
+      return self.path(name).read_bytes()
     except FileNotFoundError:
       return None
     except OSError as error:  # A folder of that name, no permission, an I/O error.
@@ -268,7 +269,9 @@ class _Flock:
 
   def take(self) -> UserError | None:
     try:
-      lock: TextIO = open(self._path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+      # A lock's text only names its holder; bytes of no text there are shown, never raised.
+      lock: TextIO = open(self._path, 'a+', encoding='utf-8',  # pylint: disable=consider-using-with
+                          errors='backslashreplace')
     except OSError as error:  # A folder of that name, no permission: not a lock this run can hold.
       return UserError(f'cannot open the run lock {self._path} ({error.strerror}); move it out of '
                        'the run directory, then rerun the same command')
@@ -317,7 +320,7 @@ class _Flock:
   def _names_a_run(self) -> bool:
     """Whether the lock file names another run: one that took it, and may have saved since."""
     try:
-      with open(self._path, encoding='utf-8') as lock:
+      with open(self._path, encoding='utf-8', errors='backslashreplace') as lock:
         return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
     except OSError:  # Gone, or not a file to read: take() says what it is.
       return False
@@ -369,7 +372,8 @@ class _ObjectLock:
   def _holder(found: Any) -> tuple[str, int]:
     """The run a lock names ('' if none), and how many seconds ago it was last written."""
     silent = datetime.datetime.now(datetime.timezone.utc) - found.updated
-    return found.download_as_text().strip(), max(0, int(silent.total_seconds()))
+    text = found.download_as_bytes().decode('utf-8', 'backslashreplace')  # As _Flock shows it.
+    return text.strip(), max(0, int(silent.total_seconds()))
 
   def _write(self, expected: int | None, text: str | None = None) -> bool:
     """Writes the lock if its generation is `expected`; False if another run wrote it first."""
