@@ -20,6 +20,7 @@ from etils import epath
 from errors import UserError, causes, error_reason, write_failed
 
 REMOTE_PREFIX = 'gs://'
+URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')  # s3://, https://: no run directory here.
 CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account; elsewhere run '
                     '`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS')
 # How long the first touch of a bucket retries before the run says Cloud Storage is out of reach
@@ -102,6 +103,11 @@ class RunDirectory:
   def __init__(self, workdir: str | os.PathLike):
     workdir = os.fspath(workdir)
     self.remote = workdir.startswith(REMOTE_PREFIX)
+    scheme = URL_SCHEME.match(workdir)
+    if scheme and not self.remote:  # Else it would be a local folder named `s3:`.
+      raise UserError(f'cannot keep a run directory at {workdir}: a --workdir is a local folder or '
+                      f'a Cloud Storage bucket (gs://BUCKET/PATH), not {scheme.group(1)}://; pass '
+                      'one of those')
     self.name = workdir.rstrip('/') if self.remote else os.path.abspath(workdir)
 
   def __str__(self) -> str:
