@@ -147,7 +147,10 @@ def main(argv: list[str]) -> None:
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')
   from trainer.run_dir import RunDirectory  # pylint: disable=g-import-not-at-top
-  run_dir = RunDirectory(_WORKDIR.value or default_workdir())  # The one place --workdir is read.
+  try:
+    run_dir = RunDirectory(_WORKDIR.value or default_workdir())  # The one place it is read.
+  except UserError as error:  # An s3:// or https:// --workdir.
+    fail(advice(error), 1)
   warn = prepare(config, run_dir)
   # pylint: disable=g-import-not-at-top
   from trainer import compile_cache, loop

@@ -408,6 +408,21 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path, mnist_dir):
   assert (tmp_path / 'run').read_text() == 'keep me'
 
 
+@pytest.mark.parametrize('script, args, url', [
+    ('train.py', [f'--config={ROOT / "configs" / "quick.py"}'], 's3://bucket/run'),
+    ('predict.py', [str(ROOT / 'docs' / 'digits')], 'https://example.com/run'),
+    ('export.py', ['--out=out'], 'file:///tmp/run')])
+def test_a_workdir_url_of_no_bucket_is_one_line_and_makes_no_folder(script, args, url, tmp_path):
+  """A run directory is a local folder or a gs:// bucket: an s3:// one trained into ./s3:/."""
+  out = subprocess.run([sys.executable, str(ROOT / script), f'--workdir={url}', *args],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1
+  assert out.stderr.splitlines() == [
+      f'error: cannot keep a run directory at {url}: a --workdir is a local folder or a Cloud '
+      f'Storage bucket (gs://BUCKET/PATH), not {url.split(":")[0]}://; pass one of those']
+  assert not list(tmp_path.iterdir())
+
+
 def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides():
   assert run_train('--helpshort').returncode == 0
   out = run_train(CONFIG, '--config.model.hidden_sizes=(64,)', '--config.data.dir=a b',
