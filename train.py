@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, UserError, fail, parse_or_help, say
+from errors import ConfigError, UserError, fail, parse_or_help, say, shown
 from trainer.config_file import ConfigFileFailed, ConfigFileParser, pass_a_config
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     rest = parse_or_help(argv)
     config = _CONFIG.value
   except flags.Error as error:
-    fail(f'{error}; run python train.py --helpshort for the flags', 2)
+    fail(f'{error}; run python {shown(__file__)} --helpshort for the flags', 2)
   except ConfigFileFailed as error:
     fail(str(error), 2)
   except Exception as error:  # The config file is user code: any failure in it is theirs to fix.

@@ -348,6 +348,10 @@ def test_a_config_path_from_elsewhere_is_one_line_whose_fix_works_from_there(tmp
   out = run_train(cwd=tmp_path)
   assert out.stderr.splitlines() == [
       f'error: no config given; pass --config={default} or another file in {configs}/']
+  out = run_train('--nosuchflag', cwd=tmp_path)
+  assert out.stderr.splitlines() == [
+      "error: Unknown command line flag 'nosuchflag'; run python "
+      f"{shlex.quote(str(ROOT / 'train.py'))} --helpshort for the flags"]
   assert os.listdir(tmp_path) == []
 
 
