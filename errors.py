@@ -59,9 +59,6 @@ JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation 
 PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
                        r'heartbeat|[Bb]arrier')
 JAX_ABORT = b'Terminating process because the JAX distributed service detected fatal errors'
-# ml_collections' error for an override of a field the config lacks: the name, and its guess.
-CONFIG_FIELD_NAMED = re.compile(r"'([\w.]+)")
-CONFIG_FIELD_GUESS = re.compile(r'Did you mean "([^"]+)"')
 
 
 def causes(error: BaseException | None) -> Iterator[BaseException]:
@@ -123,7 +120,7 @@ def library_unmapped(error: BaseException) -> str | None:
   if unmapped is None:
     return None
   named = unmapped.group(1)  # A path, or a bare name where a library it needs failed.
-  library = _shown(named) if os.path.isabs(named) else named
+  library = shown(named) if os.path.isabs(named) else named
   said = f'the system would not load {library} (failed to map segment from shared object)'
   with contextlib.suppress(OSError):
     if os.statvfs(named if os.path.isabs(named) else sys.prefix).f_flag & os.ST_NOEXEC:
@@ -196,18 +193,21 @@ def say(line: str, stream: TextIO) -> None:
   try:
     print(line, file=stream, flush=True)
   except OSError as error:
-    output_failed(error, stream)
+    lost = output_lost(error, stream)
+    if lost:
+      raise lost from error
 
 
-def output_failed(error: OSError, stream: TextIO) -> None:
-  """After a failed write: a reader that has gone is no error; anything else is the user's line."""
-  # Later lines, and the flush at exit, go nowhere instead of raising.
+def output_lost(error: OSError, stream: TextIO) -> UserError | None:
+  """After a write to `stream` failed: its later lines, and its flush at exit, go nowhere instead of
+  raising again. The user's line, or None for a reader that has gone (`| head -1`): no mistake."""
   devnull = os.open(os.devnull, os.O_WRONLY)
   os.dup2(devnull, stream.fileno())
   os.close(devnull)
-  if not isinstance(error, BrokenPipeError):
-    raise UserError(f'cannot write the output ({error.strerror}); free space where it is '
-                    'redirected, then rerun the same command') from error
+  if isinstance(error, BrokenPipeError):
+    return None
+  return UserError(f'cannot write the output ({error.strerror}); free space where it is '
+                   'redirected, then rerun the same command')
 
 
 @contextlib.contextmanager
@@ -275,7 +275,7 @@ def missing_module(error: ModuleNotFoundError) -> str | None:
   if not top or any(os.path.isfile(os.path.join(PROJECT_ROOT, *path))
                     for path in ((top, '__init__.py'), (f'{top}.py',))):
     return None
-  python = _shown(sys.executable)
+  python = shown(sys.executable)
   if top in getattr(sys, 'stdlib_module_names', ()):  # Python 3.10 and later know theirs.
     return (f'this Python ({python}) was built without its standard module {name!r} (a system '
             'library was missing as it was compiled); make the environment with another Python: '
@@ -283,11 +283,11 @@ def missing_module(error: ModuleNotFoundError) -> str | None:
   what = (f"this Python's {top} has no module {name!r} (another version than the project pins?)"
           if top != name and _installed(top) else f'this Python ({python}) has no module {name!r}')
   venv = os.path.join(PROJECT_ROOT, '.venv')
-  reinstall = f'{python} -m pip install -r {_shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}'
+  reinstall = f'{python} -m pip install -r {shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}'
   if os.path.realpath(sys.prefix) == os.path.realpath(venv):
     return f'{what}, which this project needs; install its requirements again: {reinstall}'
   fix = (f'run the command with the Python of its environment (make train makes it): '
-         f'{_shown(os.path.join(venv, "bin", "python"))} {shlex.join(sys.argv)}')
+         f'{shown(os.path.join(venv, "bin", "python"))} {shlex.join(sys.argv)}')
   if sys.prefix != sys.base_prefix and sys.version_info >= (3, 11):  # A virtual environment.
     fix += f', or install the requirements into this one: {reinstall}'
   return f'{what}, which this project needs; {fix}'
@@ -300,7 +300,7 @@ def _installed(module: str) -> bool:
     return False
 
 
-def _shown(path: str) -> str:
+def shown(path: str) -> str:
   """A path as the user may type it from here: relative below this folder, else absolute; quoted."""
   relative = os.path.relpath(path)
   return shlex.quote(os.path.abspath(path) if relative.startswith('..') else relative)
@@ -315,23 +315,34 @@ def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) 
 HELP_FLAGS = frozenset({'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'})
 
 
-def parse_tool_flags(argv: list[str], usage: str) -> list[str]:
-  """absl's flag parsing for predict.py, export.py and the benchmarks: help exits 0 once printed,
-  a mistake is one line with the usage, and absl logs warnings and errors only, as in train.py.
-  Returns the arguments left over."""
+def parse_or_help(argv: list[str]) -> list[str]:
+  """absl's parsing for every command: --help and its kin end the program once the help is written
+  (0, or where it could not be written, that line, never blaming a flag), and absl then logs
+  warnings and errors only. A mistake raises absl's flags.Error; returns the arguments left over."""
   from absl import flags  # pylint: disable=g-import-not-at-top; the library raises, never parses
   try:
     rest = flags.FLAGS(argv)
   except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
     sys.exit(0 if HELP_FLAGS & set(argv) else done.code)
+  except OSError as error:  # Of the flags' parsing only the help writes (to stdout).
+    if not HELP_FLAGS & set(argv):
+      raise
+    lost = output_lost(error, sys.stdout)
+    if lost:
+      fail(str(lost), 1)
+    sys.exit(0)  # A reader that has gone (`| head -3`) read what it wanted.
+  if flags.FLAGS['verbosity'].using_default_value:
+    # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
+    # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
+    flags.FLAGS.verbosity = -1  # type: ignore[assignment]
+  return rest
+
+
+def parse_tool_flags(argv: list[str], usage: str) -> list[str]:
+  """Flags of predict.py, export.py and the benchmarks: a mistake is one line with the usage."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    rest = parse_or_help(argv)
   except flags.Error as error:
     fail(f'{error}; usage: {usage}', 2)
-  except OSError as error:  # The help, printed to a reader that has gone or to a full disk.
-    try:
-      output_failed(error, sys.stdout)
-    except UserError as failed:
-      fail(str(failed), 1)
-    sys.exit(0)
-  if flags.FLAGS['verbosity'].using_default_value:
-    flags.FLAGS.verbosity = -1  # type: ignore[assignment]
   return rest

@@ -11,7 +11,7 @@ if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a
 from absl import app
 from absl import flags
 
-from errors import UserError, fail, parse_tool_flags, say
+from errors import UserError, fail, parse_tool_flags, say, shown
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
 
 _WORKDIR = flags.DEFINE_string(
@@ -23,7 +23,8 @@ _FORMATS = flags.DEFINE_list(
     '(runs with JAX alone), a TensorFlow SavedModel by jax2tf (needs the TensorFlow extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
-USAGE = 'python export.py --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] [--overwrite]'
+USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] '
+         '[--overwrite]')  # A path from here.
 
 
 def parse_flags(argv: list[str]) -> list[str]:

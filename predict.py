@@ -13,13 +13,13 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from errors import UserError, fail, parse_tool_flags, say
+from errors import UserError, fail, parse_tool_flags, say, shown
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
     'checkpoint that restores and verifies classifies the images, with the config saved with it.')
 _JSON = flags.DEFINE_bool('json', False, 'One JSON object per image instead of a line of text.')
-USAGE = 'python predict.py --workdir=RUN IMAGE_OR_FOLDER...'
+USAGE = f'python {shown(__file__)} --workdir=RUN IMAGE_OR_FOLDER...'  # A path from here.
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -17,8 +17,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, UserError, fail, say
-from trainer.config_file import ConfigFileFailed, ConfigFileParser, flag_lines, unknown_field
+from errors import ConfigError, UserError, fail, parse_or_help, say, shown
+from trainer.config_file import ConfigFileFailed, ConfigFileParser, pass_a_config
 
 if TYPE_CHECKING:
   from trainer.run_dir import RunDirectory
@@ -61,38 +61,21 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     'off: compile every program.')
 
 
-HELP_FLAGS = {'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'}
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl flag parsing, with every mistake reported as one line instead of a traceback."""
   try:
-    try:
-      rest = flags.FLAGS(argv)
-    except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
-      sys.exit(0 if set(argv) & HELP_FLAGS else done.code)
-    if flags.FLAGS['verbosity'].using_default_value:
-      # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
-      # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
-      flags.FLAGS.verbosity = -1  # type: ignore[assignment]
+    rest = parse_or_help(argv)
     config = _CONFIG.value
-    if config is not None:
-      config.keys()  # A config file that failed to load raises on first use: make that use here.
   except flags.Error as error:
-    fail(f'{error}; run python train.py --helpshort for the flags', 2)
+    fail(f'{error}; run python {shown(__file__)} --helpshort for the flags', 2)
   except ConfigFileFailed as error:
     fail(str(error), 2)
-  except (AttributeError, KeyError) as error:
-    fail(unknown_field(error), 2)
-  except OSError as error:
-    fail(f'cannot load the config file ({str(error).splitlines()[-1].strip()}); pass '
-          '--config=configs/default.py or another file in configs/', 2)
   except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
     fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
   if config is None:
-    fail('no config given; pass --config=configs/default.py (or another file in configs/)', 2)
+    fail(f'no config given; {pass_a_config()}', 2)
   return rest
 
 
@@ -156,14 +139,18 @@ def main(argv: list[str]) -> None:
   config = _CONFIG.value
   if _PRINT_CONFIG.value:
     try:
-      say('\n'.join(flag_lines(config)), sys.stdout)  # `| head` is fine.
+      from trainer import config_rules  # pylint: disable=g-import-not-at-top; it imports JAX
+      say('\n'.join(config_rules.flag_lines(config)), sys.stdout)  # `| head` is fine.
     except UserError as error:
       fail(advice(error), 1)
     return
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')
   from trainer.run_dir import RunDirectory  # pylint: disable=g-import-not-at-top
-  run_dir = RunDirectory(_WORKDIR.value or default_workdir())  # The one place --workdir is read.
+  try:
+    run_dir = RunDirectory(_WORKDIR.value or default_workdir())  # The one place it is read.
+  except UserError as error:  # An s3:// or https:// --workdir.
+    fail(advice(error), 1)
   warn = prepare(config, run_dir)
   # pylint: disable=g-import-not-at-top
   from trainer import compile_cache, loop

@@ -80,11 +80,13 @@ def override_flags(**overrides) -> list[str]:
   return [f'--config.{name}={value}' for name, value in _merged(overrides).items()]
 
 
-def run_train(*args: str, env: dict | None = None, timeout: int = 300,
-              script: str = 'train.py') -> subprocess.CompletedProcess:
-  """Runs train.py (or another of the project's commands) as a user would, from the project root."""
-  return subprocess.run([sys.executable, script, *args], cwd=ROOT, capture_output=True,
-                        text=True, timeout=timeout, env={**os.environ, **(env or {})})
+def run_train(*args: str, env: dict | None = None, timeout: int = 300, script: str = 'train.py',
+              cwd: pathlib.Path = ROOT) -> subprocess.CompletedProcess:
+  """Runs train.py (or another of the project's commands) as a user would, from the project root
+  (or from `cwd`, naming the script by its path)."""
+  return subprocess.run([sys.executable, str(ROOT / script) if cwd != ROOT else script, *args],
+                        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                        env={**os.environ, **(env or {})})
 
 
 # TensorFlow 2.19 and later log to file descriptor 2 at import wherever oneDNN is on (by default
@@ -229,6 +231,32 @@ def _answers(url: str) -> bool:
       return response.status == 200
   except OSError:
     return False
+
+
+# What points a Google Cloud client at the emulator, names a project, or lets a request past a
+# proxy: a test of a machine of its own (credentials, a project, a network) goes without them.
+CLOUD_SETTINGS = ('STORAGE_EMULATOR_HOST', 'GOOGLE_CLOUD_PROJECT', 'GCLOUD_PROJECT',
+                  'GOOGLE_APPLICATION_CREDENTIALS', 'NO_PROXY', 'no_proxy')
+
+
+def offline_credentials(folder: pathlib.Path, project: str | None) -> dict[str, str]:
+  """The environment of a machine with credentials as `gcloud auth application-default login`
+  leaves them, and a project or none, but cut off: its HTTPS proxy is a closed port here, so every
+  request is refused at once, whatever the network of the machine that runs the test."""
+  with socket.socket() as probe:
+    probe.bind(('127.0.0.1', 0))
+    port = probe.getsockname()[1]  # Closed on leaving: a connection there is refused.
+  key = folder / 'application_default_credentials.json'
+  key.write_text(json.dumps({'type': 'authorized_user', 'client_id': 'x', 'client_secret': 'y',
+                             'refresh_token': 'z'}))
+  proxy = f'http://127.0.0.1:{port}'
+  return {'GOOGLE_APPLICATION_CREDENTIALS': str(key), 'HTTPS_PROXY': proxy, 'https_proxy': proxy,
+          **({'GOOGLE_CLOUD_PROJECT': project} if project else {})}
+
+
+# The line for a machine whose network does not reach Cloud Storage (offline_credentials').
+UNREACHABLE = ("cannot reach Cloud Storage for gs://b (Connection refused); check this machine's "
+               'network connection, then rerun the same command')
 
 
 @pytest.fixture

@@ -631,6 +631,24 @@ def test_metrics_past_the_restored_epoch_and_torn_lines_are_dropped(tmp_path):
   assert read_metrics(tmp_path) == [{'epoch': 1, 'eval_loss': 0.1}, {'epoch': 2, 'eval_loss': 0.2}]
 
 
+def test_lines_that_are_not_utf8_or_no_json_object_are_dropped_and_the_resume_stays_exact(
+    small_run, small_copy):
+  """A damaged byte, or a JSON value that is no record, is a line dropped as a torn one is:
+  before, the resume ended in a UnicodeDecodeError's or an AttributeError's traceback."""
+  shutil.rmtree(small_copy / '3')  # Resumed from epoch 2: epoch 3 trains again.
+  with open(small_copy / METRICS_FILE, 'ab') as metrics:
+    metrics.write(b'{"note": "caf\xe9"}\n5\n')
+  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
+  assert_same_params(small_copy, small_run, make_config(**SMALL))
+
+  (small_copy / EVAL_FILE).write_bytes(b'\xff\xfe\n')
+  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True),
+                                          RunDirectory(small_copy))
+  assert [json.loads(line) for line in (small_copy / EVAL_FILE).read_text().splitlines()] == [
+      record]
+
+
 @pytest.mark.parametrize('name', ['checkpoint_every_epochs', 'max_checkpoints_to_keep'])
 def test_checkpoint_settings_must_be_positive(name):
   with pytest.raises(UserError, match=f'{name} must be a positive integer, got 0'):

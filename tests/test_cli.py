@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -13,15 +14,17 @@ import jax
 import ml_collections
 import pytest
 from absl import flags
+from flax import nnx
 
 import train
-from errors import THREAD_REFUSED, UserError, say
+from errors import THREAD_REFUSED, ConfigError, UserError, say
+from mlp.model import MLP
 from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly,
                             limit_address_space, make_config, override_flags, read_metrics,
                             run_train)
 from trainer import backend, config_rules
 from trainer import evaluation, loop
-from trainer.config_file import ConfigFileFailed, flag_lines
+from trainer.config_file import ConfigFileFailed
 from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
@@ -68,6 +71,23 @@ BAD_INPUTS = {
     'seed past 64 bits': ([CONFIG, '--config.seed=9223372036854775808'],
                           'seed must be an integer from 0 to 4294967295 (a JAX key holds 32 bits), '
                           'got 9223372036854775808; pass --config.seed=0'),
+    'an infinite learning rate, said before compiling': (
+        [CONFIG, '--config.learning_rate=inf'], 'error: learning_rate must be a finite number > 0, '
+        'got inf; pass --config.learning_rate=1e-3'),
+    'typo in a field of a group': ([CONFIG, '--config.model.hiden=1'],
+                                   "error: the config has no field 'model.hiden'; did you mean "
+                                   "'model.hidden_sizes'?"),
+    'a group set as one field': (
+        [CONFIG, '--config.data=x'], 'error: data is a group of fields (data.dir, data.distort.*, '
+        'data.eval_split, data.max_shift, data.source, data.tfds_data_dir, data.train_split), not '
+        'one; set each on its own: --config.data.FIELD=VALUE'),
+    'hidden sizes given as a dict': (
+        [CONFIG, '--config.model.hidden_sizes={1:2}'], 'error: --config.model.hidden_sizes={1:2} '
+        'is a dict where a tuple goes; write the tuple itself, e.g. '
+        '--config.model.hidden_sizes="(512, 512)"'),
+    'hidden sizes given as a set, its value apart': (
+        [CONFIG, '--config.model.hidden_sizes', '{512, 512}'],
+        'error: --config.model.hidden_sizes={512, 512} is a set where a tuple goes'),
 }
 
 
@@ -177,6 +197,15 @@ BAD_CONFIGS = {
                                    '--config.num_models=2'),
     'all of a label smoothed away': (dict(label_smoothing=1.0), 'label_smoothing', '1.0',
                                      '--config.label_smoothing=0.1'),
+    'warmup left None': (dict(warmup_epochs=None), 'warmup_epochs', 'None',
+                         '--config.warmup_epochs=0'),
+    'an infinite learning rate': (dict(learning_rate=float('inf')), 'learning_rate', 'inf',
+                                  '--config.learning_rate=1e-3'),
+    'momentum past 1': (dict(momentum=1.5), 'momentum', '1.5', '--config.momentum=0.9'),
+    'a hidden layer of no units': (dict(model__hidden_sizes=(512, 0)), 'model.hidden_sizes',
+                                   '(512, 0)', '--config.model.hidden_sizes="(512, 512)"'),
+    'no data folder': (dict(data__dir=None), 'data.dir', 'None', "--config.data.dir=''"),
+    'eval_only left None': (dict(eval_only=None), 'eval_only', 'None', '--config.eval_only=false'),
 }
 
 
@@ -194,7 +223,7 @@ def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
 
 
 def config_flag_names(config) -> list[str]:
-  return [line.split('=')[0] for line in flag_lines(config)]
+  return [line.split('=')[0] for line in config_rules.flag_lines(config)]
 
 
 @pytest.mark.parametrize('case', BAD_CONFIGS)
@@ -205,6 +234,43 @@ def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
   line = train.advice(error.value)
   assert line.startswith(f'{field} ') and f'got {value}' in line and f'pass {fix}' in line, line
   assert '\n' not in line
+
+
+# A config file may set any field to a value of another kind; one not built on the default's
+# get_config() (whose fields keep their type) to anything.
+DEFAULT_FIELDS = config_rules.fields(make_config())
+OTHER_KINDS = [(name, value) for name, usual in DEFAULT_FIELDS.items()
+               for value in (None, 'x', ['x'], {'x': 1}) if not isinstance(value, type(usual))]
+
+
+@pytest.mark.parametrize('name, value', OTHER_KINDS, ids=str)
+def test_a_value_of_another_kind_in_any_field_is_that_fields_one_line(name, value):
+  config = config_rules.config_from_flat({**DEFAULT_FIELDS, name: value})
+  with pytest.raises(UserError) as error:
+    config_rules.validate(config)
+  line = train.advice(error.value)
+  assert name in line and '\n' not in line, line
+  if not isinstance(value, dict):  # A dict is a group of fields: the config lacks the field.
+    assert line.startswith(f'{name} must be ') and f'; pass --config.{name}=' in line, line
+
+
+@pytest.mark.parametrize('name', [name for name, value in DEFAULT_FIELDS.items()
+                                  if isinstance(value, float)])
+@pytest.mark.parametrize('value', [float('inf'), float('-inf'), float('nan')], ids=repr)
+def test_every_number_field_refuses_what_is_not_finite_before_any_work(name, value):
+  with pytest.raises(ConfigError) as error:
+    config_rules.validate(make_config(**{name.replace('.', '__'): value}))
+  assert error.value.field == name
+
+
+def test_no_hidden_layer_is_a_linear_model_by_choice_and_a_width_is_a_layer():
+  """() is multinomial logistic regression, deliberately allowed; an override of one width is that
+  layer; a dict or set would pass as its keys, losing order and repeats."""
+  config_rules.validate(make_config(model__hidden_sizes=()))
+  assert not MLP((), rngs=nnx.Rngs(0)).hidden
+  for override, widths in (('512', '(512,)'), ('()', '()')):
+    printed = run_train(CONFIG, f'--config.model.hidden_sizes={override}', '--print_config')
+    assert f"--config.model.hidden_sizes='{widths}'" in printed.stdout.splitlines(), printed.stderr
 
 
 def test_a_config_file_that_raises_is_one_line_naming_the_exception_and_the_file(tmp_path):
@@ -226,18 +292,67 @@ def test_a_config_file_raising_a_value_error_is_named_without_its_traceback(tmp_
       'pass --config=configs/default.py')
 
 
+PARTIAL_CONFIG = ('import ml_collections\n\ndef get_config():\n'
+                  '  return ml_collections.ConfigDict({"seed": 1})\n')
+FROM_THE_DEFAULT = ('from configs import default\n\ndef get_config():\n'
+                    '  config = default.get_config()\n')
+
+
 @pytest.mark.parametrize('code, expected', [
     ('def get_config():\n  pass\n',
      'error: get_config() of the config file {file} returned None; return the '
      'ml_collections.ConfigDict it builds'),
     ('SEED = 1\n', 'error: the config file {file} has no get_config(); define one that returns an '
      'ml_collections.ConfigDict, or pass --config=configs/default.py'),
-])
-def test_a_config_file_without_a_config_is_one_line_naming_what_it_lacks(code, expected, tmp_path):
+    (PARTIAL_CONFIG, 'error: the config file {file} lacks the fields batch_size, '
+     'checkpoint_every_epochs, checkpoint_min_seconds, data.dir and 30 more; build it as every '
+     'config in configs/ does: `from configs import default`, `config = default.get_config()`, '
+     'then change fields'),
+    (FROM_THE_DEFAULT + '  config.lerning_rate = 0.1\n  return config\n',
+     'error: the config file {file} has the field lerning_rate (did you mean learning_rate?), '
+     'which no part of this project reads; rename or remove it'),
+    (FROM_THE_DEFAULT + '  config.warmup_epochs = None\n  return config\n',
+     'error: warmup_epochs must be a finite number >= 0, got None; pass --config.warmup_epochs=0'),
+    ('def get_config():\n  x = = 1\n', 'error: the config file raised SyntaxError: invalid syntax '
+     '({file}, line 2); fix it, or pass --config=configs/default.py'),
+    ('def get_config():\n  return open("/nonexistent/config.json")\n',
+     "error: the config file raised FileNotFoundError: [Errno 2] No such file or directory: "
+     "'/nonexistent/config.json' ({file}, line 2); fix it, or pass --config=configs/default.py"),
+], ids=['returns None', 'no get_config', 'lacks fields', 'a field of its own', 'a None',
+        'a syntax error', 'an OSError'])
+def test_a_config_file_without_a_config_that_can_work_is_one_line_naming_the_fix(code, expected,
+                                                                                  tmp_path):
   config_file = tmp_path / 'lacking.py'
   config_file.write_text(code)
   assert_fails_cleanly([f'--config={config_file}'], expected.format(file=config_file),
                        tmp_path / 'run')
+
+
+def test_print_config_of_a_config_file_lacking_fields_fails_as_training_would(tmp_path):
+  config_file = tmp_path / 'partial.py'
+  config_file.write_text(PARTIAL_CONFIG)
+  out = run_train(f'--config={config_file}', '--print_config')
+  assert out.returncode == 2 and out.stdout == ''
+  assert out.stderr.startswith(f'error: the config file {config_file} lacks the fields ')
+
+
+def test_a_config_path_from_elsewhere_is_one_line_whose_fix_works_from_there(tmp_path):
+  """The project's configs/quick.py named from another folder: the fix names it where it is, and
+  nothing else is loaded in its place."""
+  out = run_train('--config=configs/quick.py:validation', cwd=tmp_path)
+  quick, default, configs = (shlex.quote(str(path)) for path in (
+      ROOT / 'configs' / 'quick.py', ROOT / 'configs' / 'default.py', ROOT / 'configs'))
+  assert out.returncode == 2 and out.stdout == ''
+  assert out.stderr.splitlines() == [
+      f'error: configs/quick.py is not in {tmp_path}; pass --config={quick}:validation']
+  out = run_train(cwd=tmp_path)
+  assert out.stderr.splitlines() == [
+      f'error: no config given; pass --config={default} or another file in {configs}/']
+  out = run_train('--nosuchflag', cwd=tmp_path)
+  assert out.stderr.splitlines() == [
+      "error: Unknown command line flag 'nosuchflag'; run python "
+      f"{shlex.quote(str(ROOT / 'train.py'))} --helpshort for the flags"]
+  assert os.listdir(tmp_path) == []
 
 
 def test_a_reader_that_stops_reading_ends_neither_the_run_nor_in_a_traceback(tmp_path, mnist_dir):
@@ -263,13 +378,14 @@ def test_output_that_cannot_be_written_is_one_line_and_later_lines_go_nowhere(tm
       say('a line', full)
     say('the next line', full)  # Now to /dev/null: no error.
     full.flush()
-  with open('/dev/full', 'w', encoding='utf-8') as full:
-    out = subprocess.run([sys.executable, 'train.py', CONFIG, '--print_config'], cwd=ROOT,
-                         stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
-  assert out.returncode == 1
-  assert out.stderr.splitlines() == ['error: cannot write the output (No space left on device); '
-                                     'free space where it is redirected, then rerun the same '
-                                     'command']
+  for args in ([CONFIG, '--print_config'], ['--helpshort']):  # The help: never the config's fault.
+    with open('/dev/full', 'w', encoding='utf-8') as full:
+      out = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == ['error: cannot write the output (No space left on device); '
+                                       'free space where it is redirected, then rerun the same '
+                                       'command']
 
 
 @pytest.mark.parametrize('script', ['train.py', 'predict.py', 'export.py'])
@@ -294,6 +410,21 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path, mnist_dir):
                        '--workdir that names a folder$'):
       use(make_config(num_epochs=1), RunDirectory(tmp_path / 'run'))
   assert (tmp_path / 'run').read_text() == 'keep me'
+
+
+@pytest.mark.parametrize('script, args, url', [
+    ('train.py', [f'--config={ROOT / "configs" / "quick.py"}'], 's3://bucket/run'),
+    ('predict.py', [str(ROOT / 'docs' / 'digits')], 'https://example.com/run'),
+    ('export.py', ['--out=out'], 'file:///tmp/run')])
+def test_a_workdir_url_of_no_bucket_is_one_line_and_makes_no_folder(script, args, url, tmp_path):
+  """A run directory is a local folder or a gs:// bucket: an s3:// one trained into ./s3:/."""
+  out = subprocess.run([sys.executable, str(ROOT / script), f'--workdir={url}', *args],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 1
+  assert out.stderr.splitlines() == [
+      f'error: cannot keep a run directory at {url}: a --workdir is a local folder or a Cloud '
+      f'Storage bucket (gs://BUCKET/PATH), not {url.split(":")[0]}://; pass one of those']
+  assert not list(tmp_path.iterdir())
 
 
 def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides():

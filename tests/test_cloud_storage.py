@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, override_flags, read_metrics, run_train, without_timings
+from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, offline_credentials,
+                            override_flags, read_metrics, run_train, without_timings)
 from tests.test_trainer import as_scalars, tensorboard_view
 
 pytestmark = pytest.mark.slow
@@ -131,16 +132,55 @@ def test_a_missing_bucket_ends_in_one_line_and_writes_nothing(gcs_emulator, mnis
       'another --workdir']
 
 
-def test_no_credentials_end_in_one_line(tmp_path, mnist_dir):
-  env = {name: value for name, value in os.environ.items() if name != 'STORAGE_EMULATOR_HOST'}
+# Each command that reads a run directory, as a user runs it (tmp_path's `out` is export.py's).
+COMMANDS = {'train': ['train.py', '--config=configs/quick.py'],
+            'eval_only': ['train.py', '--config=configs/quick.py', '--config.eval_only=True'],
+            'predict': ['predict.py', str(ROOT / 'docs' / 'digits')],
+            'export': ['export.py', '--out={tmp_path}/out']}
+
+
+def run_command(command: str, workdir: str, tmp_path, env: dict[str, str],
+                *python: str) -> subprocess.CompletedProcess:
+  """One of COMMANDS on `workdir` in the environment `env` alone (`python`: python's options)."""
+  script, *args = COMMANDS[command]
+  return subprocess.run([sys.executable, *python, script, f'--workdir={workdir}',
+                         *(arg.format(tmp_path=tmp_path) for arg in args)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize('command', COMMANDS)
+def test_no_credentials_end_in_one_line(command, tmp_path, mnist_dir):
+  """predict.py and export.py said it as train.py does only once they read through their own
+  client first: before, gcsfs logged its retries, then tracebacks, then 'no checkpoint'."""
+  env = {name: value for name, value in os.environ.items() if name not in CLOUD_SETTINGS}
   env['GOOGLE_APPLICATION_CREDENTIALS'] = str(tmp_path / 'no-such-key.json')
-  out = subprocess.run([sys.executable, 'train.py', '--config=configs/quick.py',
-                        '--workdir=gs://some-bucket/run'], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120, env=env)
+  out = run_command(command, 'gs://some-bucket/run', tmp_path, env)
   assert out.returncode == 1
-  [line] = out.stderr.strip().splitlines()
-  assert line.startswith('error: no Google Cloud credentials to reach gs://some-bucket')
-  assert 'gcloud auth application-default login' in line
+  assert out.stderr.splitlines() == [
+      'error: no Google Cloud credentials to reach gs://some-bucket (DefaultCredentialsError); on '
+      'a Cloud TPU or GCE VM they come with its service account; elsewhere run `gcloud auth '
+      'application-default login` or set GOOGLE_APPLICATION_CREDENTIALS']
+  assert not (tmp_path / 'out').exists()
+
+
+# Runs a command with the first touch of a bucket giving up after a second, not REACH_TIMEOUT_S.
+REACH_IN_A_SECOND = ('-c', 'import runpy, sys; from trainer import run_dir; '
+                     'run_dir.REACH_TIMEOUT_S = 1.0; sys.argv = sys.argv[1:]; '
+                     'runpy.run_path(sys.argv[0], run_name="__main__")')
+
+
+@pytest.mark.parametrize('command, project', [('train', None), ('eval_only', 'p'),
+                                              ('predict', 'p'), ('export', None)])
+def test_a_machine_cut_off_from_cloud_storage_is_one_line(command, project, tmp_path, mnist_dir):
+  """With credentials, and a project or none (`gcloud auth application-default login` alone sets
+  none; a bucket's objects need none). Before, train.py ended in 6 tracebacks after 2 minutes, or
+  without a project at once in another ('Project was not passed')."""
+  env = {name: value for name, value in os.environ.items() if name not in CLOUD_SETTINGS}
+  env.update(offline_credentials(tmp_path, project), EPATH_USE_TF='false')
+  out = run_command(command, 'gs://b/run', tmp_path, env, *REACH_IN_A_SECOND)
+  assert out.returncode == 1
+  assert out.stderr.splitlines() == [f'error: {UNREACHABLE}']
+  assert not (tmp_path / 'out').exists()
 
 
 def test_sigterm_saves_and_resumes_and_a_damaged_checkpoint_is_passed_over(bucket, mnist_dir):

@@ -1,6 +1,7 @@
 """One training run per run directory: a second run stops at once;
 a killed holder blocks nothing."""
 
+import logging
 import os
 import pathlib
 import re
@@ -13,7 +14,9 @@ import time
 import pytest
 
 from errors import UserError
-from tests.conftest import ROOT, override_flags, run_train
+from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, offline_credentials,
+                            override_flags, run_train)
+from trainer import run_dir
 from trainer.reporting import METRICS_FILE
 from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock, this_machine
 
@@ -43,6 +46,27 @@ def test_a_lock_that_cannot_be_opened_is_one_line_and_is_left_in_place(tmp_path)
     with RunLock(RunDirectory(tmp_path)):
       pass
   assert (tmp_path / LOCK_FILE).is_dir()
+
+
+def test_a_lock_file_of_bytes_that_are_no_text_names_them_and_never_stops_a_run(tmp_path):
+  """Its text only names a holder: garbage there is shown as it is, and the flock decides."""
+  garbage, shown = b'\xff\xfe', r'\xff\xfe'
+  (tmp_path / LOCK_FILE).write_bytes(garbage)  # A lock nobody holds.
+  warnings = []
+  with RunLock(RunDirectory(tmp_path), warn=warnings.append):
+    assert (tmp_path / LOCK_FILE).read_text().startswith('host ')
+  assert warnings == [f'took over the run directory {tmp_path} from a run that ended without '
+                      f'releasing its lock ({shown}; that process is gone)']
+  holder = hold(tmp_path)
+  try:
+    with open(tmp_path / LOCK_FILE, 'r+b') as lock:  # The text of a lock another process holds.
+      lock.write(garbage)
+      lock.truncate()
+    with pytest.raises(UserError, match=re.escape(f'is in use by a training run ({shown}); wait')):
+      with RunLock(RunDirectory(tmp_path)):
+        pass
+  finally:
+    kill(holder)
 
 
 def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
@@ -399,3 +423,38 @@ def test_on_cloud_storage_a_lock_that_cannot_be_emptied_only_warns(bucket, monke
     monkeypatch.setattr(storage.Blob, 'upload_from_string', cut_off)
   assert len(warnings) == 1 and 'could not release the run lock' in warnings[0]
   assert 'the next run takes it over once it is silent for 120 s' in warnings[0]
+
+
+def test_on_cloud_storage_a_lock_of_bytes_that_are_no_text_waits_to_go_stale(bucket):
+  """Whether it was a run's, only its silence tells: taken over once stale, named as it is."""
+  workdir, warnings = f'{bucket}/run', []
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top
+  storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').upload_from_string(
+      b'\xff\xfe')
+  with pytest.raises(UserError, match=re.escape(r'in use by a training run (\xff\xfe; its lock')):
+    with RunLock(RunDirectory(workdir), stale_after=2.0):
+      pass
+  time.sleep(2.0)
+  with RunLock(RunDirectory(workdir), stale_after=2.0, warn=warnings.append):
+    assert lock_text(workdir).startswith(f'host {socket.gethostname()}, pid {os.getpid()}')
+  [warning] = warnings
+  assert 'stopped refreshing its lock' in warning and r'(\xff\xfe)' in warning
+
+
+@pytest.mark.parametrize('project', [None, 'some-project'])
+def test_cloud_storage_out_of_reach_is_one_line_with_or_without_a_project(
+    project, tmp_path, monkeypatch, caplog):
+  """Credentials but no network, as on a laptop offline, and no project set, as `gcloud auth
+  application-default login` alone leaves a machine: a bucket's objects need none. The first touch
+  of a bucket (train.py's, eval_only's, predict.py's, export.py's) gives up within a second here."""
+  for name in CLOUD_SETTINGS:
+    monkeypatch.delenv(name, raising=False)
+  for name, value in offline_credentials(tmp_path, project).items():
+    monkeypatch.setenv(name, value)
+  monkeypatch.setattr(run_dir, 'REACH_TIMEOUT_S', 1.0)
+  started = time.monotonic()
+  with pytest.raises(UserError) as refused:
+    RunDirectory('gs://b/run').make()
+  assert str(refused.value) == UNREACHABLE
+  assert time.monotonic() - started < 20
+  assert not [record for record in caplog.records if record.levelno >= logging.WARNING]

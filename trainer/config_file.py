@@ -1,45 +1,120 @@
-"""The config file a command line names, loaded by ml_collections: its code's failures and the
-overrides' typos are one line each, and a config goes back to the flags that would set it."""
+"""The config file a command line names, loaded by ml_collections: a file that cannot be read, its
+code's failures, its fields and the overrides' typos are one line each, and a config goes back to
+the flags that would set it."""
 
+import ast
 import contextlib
+import difflib
 import logging
 import os
-import shlex
+import re
+import sys
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 import ml_collections
 from absl import flags
 
-from errors import CONFIG_FIELD_GUESS, CONFIG_FIELD_NAMED, UserError
+from configs import default
+from errors import PROJECT_ROOT, UserError, shown
+
+CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
+NAMED_AT_MOST = 4  # Fields a line names before it counts the rest.
 
 
 class ConfigFileFailed(Exception):
-  """The config file's own code raised: one line naming the exception and the file."""
+  """The config file, or an override of its fields, gives no config: one line naming the fix."""
 
 
 class ConfigFileParser(flags.ArgumentParser):
-  """ml_collections' own loader, telling an exception of the file's code from override typos."""
+  """ml_collections' own loader, and what it leaves to a traceback: a file that cannot be read, the
+  file's code failing, a field it lacks, an override naming no field (ml_collections applies them
+  next)."""
 
-  def __init__(self, loader: flags.ArgumentParser):
+  def __init__(self, loader: flags.ArgumentParser, flag_name: str = 'config'):
     self.loader = loader
+    self.flag_name = flag_name
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     file = os.path.abspath(argument.split(':', 1)[0])
-    try:
-      with _loader_logs_muted():  # Its warning of a get_config() that returned None: said below.
-        config = self.loader.parse(argument)
-    except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
-      # ml_collections re-raises a TypeError or ValueError with the traceback as its message.
-      cause = (error.__context__ if 'Error whilst parsing' in str(error) else None) or error
-      raise ConfigFileFailed(_config_file_failure(cause, file)) from None
-    if config is None:
-      raise ConfigFileFailed(f'get_config() of the config file {file} returned None; return the '
-                             'ml_collections.ConfigDict it builds')
+    config = _load(self.loader, argument, file)
+    problem = (field_problem(config, f'the config file {file}') or
+               override_problem(config, self.overridden()))
+    if problem:
+      raise ConfigFileFailed(problem)
     return config
+
+  def overridden(self) -> dict[str, str | None]:
+    """The fields the command line sets, each with the text of its value where one is given
+    (`--config.model.dropout_rate=0.1`: model.dropout_rate, '0.1'), found in sys.argv as
+    ml_collections finds them there."""
+    arguments = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
+    pattern = re.compile(rf'-{{1,2}}(?:no)?{re.escape(self.flag_name)}\.([^=]+)(?:=(.*))?', re.S)
+    given = {}
+    for argument, following in zip(arguments, [*arguments[1:], None]):
+      if found := pattern.fullmatch(argument):  # `--config.FIELD VALUE`: the value follows.
+        name, text = found.groups()
+        given[name] = text if text is not None or str(following).startswith('-') else following
+    return given
 
   def flag_type(self) -> str:
     return self.loader.flag_type()
+
+
+def _load(loader: flags.ArgumentParser, argument: str, file: str) -> ml_collections.ConfigDict:
+  """The config the file's get_config() returns, or its one line as ConfigFileFailed."""
+  unreadable = _unreadable(argument)
+  if unreadable:
+    raise ConfigFileFailed(unreadable)
+  try:
+    with _loader_logs_muted():  # Its warning of a get_config() that returned None: said below.
+      config = loader.parse(argument)
+    if config is not None:  # ml_collections defers the file's OSError to the config's first use.
+      config.keys()
+  except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
+    raise ConfigFileFailed(_config_file_failure(_raised_by_the_file(error), file)) from None
+  if config is None:
+    raise ConfigFileFailed(f'get_config() of the config file {file} returned None; return the '
+                           'ml_collections.ConfigDict it builds')
+  return config
+
+
+def _unreadable(argument: str) -> str | None:
+  """The line for a config file that cannot be read from where the user is (None if it can), its
+  fix a path that works from there."""
+  path, colon, splits = argument.partition(':')
+  if not path:
+    return f'--config names no file; {pass_a_config()}'
+  in_project = os.path.join(PROJECT_ROOT, path)
+  if not os.path.isabs(path) and not os.path.exists(path) and os.path.isfile(in_project):
+    return f'{path} is not in {os.getcwd()}; pass --config={shown(in_project)}{colon}{splits}'
+  try:
+    with open(path, 'rb'):
+      return None
+  except OSError as error:
+    return (f'cannot read the config file {os.path.abspath(path)} ({error.strerror or error}); '
+            f'{pass_a_config()}')
+
+
+def _raised_by_the_file(error: Exception) -> BaseException:
+  """What the config file's code raised, out of ml_collections' wrapping: it re-raises a TypeError
+  or ValueError with the traceback as its message, and an OSError at the config's first use."""
+  if 'Error whilst parsing' in str(error) and error.__context__ is not None:
+    return error.__context__
+  if isinstance(error, OSError) and error.__cause__ is not None:
+    return error.__cause__
+  return error
+
+
+def default_config_flag() -> str:
+  """The flag that names the default config, in a path the user may type from where they are."""
+  return f'--config={shown(os.path.join(CONFIGS, "default.py"))}'
+
+
+def pass_a_config() -> str:
+  """The fix of a command line without a config it can use, in paths that work from here."""
+  return f'pass {default_config_flag()} or another file in {shown(CONFIGS)}/'
 
 
 def _config_file_failure(cause: BaseException, file: str) -> str:
@@ -49,13 +124,16 @@ def _config_file_failure(cause: BaseException, file: str) -> str:
     return str(cause)
   if isinstance(cause, AttributeError) and 'get_config' in str(cause):
     return (f'the config file {file} has no get_config(); define one that returns an '
-            'ml_collections.ConfigDict, or pass --config=configs/default.py')
-  lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
-           if os.path.abspath(f.filename) == file]
-  where = f'{file}, line {lines[-1]}' if lines else file
-  text = ' '.join(str(cause).split())
+            f'ml_collections.ConfigDict, or pass {default_config_flag()}')
+  if isinstance(cause, SyntaxError):  # Raised before any of the code ran: Python names the place.
+    text, where = cause.msg, f'{cause.filename}, line {cause.lineno}'
+  else:
+    lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
+             if os.path.abspath(f.filename) == file]
+    text, where = str(cause), f'{file}, line {lines[-1]}' if lines else file
+  text = ' '.join(text.split())
   return (f'the config file raised {type(cause).__name__}{": " + text if text else ""} ({where}); '
-          'fix it, or pass --config=configs/default.py')
+          f'fix it, or pass {default_config_flag()}')
 
 
 @contextlib.contextmanager
@@ -70,19 +148,75 @@ def _loader_logs_muted() -> Iterator[None]:
     absl_logger.removeFilter(muted)
 
 
-def unknown_field(error: Exception) -> str:
-  """'lerning_rate' -> the field name and ml_collections' suggestion, on one line."""
-  text = str(error.args[0]) if error.args else str(error)
-  found = CONFIG_FIELD_NAMED.search(text)
-  name = found.group(1) if found else text.split()[0]
-  suggestion = CONFIG_FIELD_GUESS.search(text)
-  hint = (f'did you mean {suggestion.group(1)!r}?' if suggestion
-          else 'check the name in the config file')
-  return f'the config has no field {name!r}; {hint}'
+def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
+  """Each field's dotted name, as a flag names it (`data.distort.rotation`); no JAX to import."""
+  names = []
+  for key, value in config.items():
+    is_group = isinstance(value, ml_collections.ConfigDict)
+    names += field_names(value, f'{prefix}{key}.') if is_group else [f'{prefix}{key}']
+  return names
 
 
-def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Each field of the config as the flag that sets it to its value, for --print_config."""
-  from trainer import config_rules  # pylint: disable=g-import-not-at-top; it imports JAX
-  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
-          for name, value in sorted(config_rules.fields(config).items())]
+def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -> str | None:
+  """The line for a config whose fields are not the default's (None if they are): a field missing
+  fails the run where it is first read, a field of its own is never read."""
+  expected = field_names(default.get_config())
+  present = field_names(config)
+  missing = [name for name in expected if name not in present]
+  if missing:
+    return (f'{what} lacks {_listed(missing)}; build it as every config in configs/ does: '
+            '`from configs import default`, `config = default.get_config()`, then change fields')
+  unread = [name for name in present if name not in expected]
+  if not unread:
+    return None
+  guessed = [f'{name} (did you mean {close}?)' if (close := _close(name, expected)) else name
+             for name in unread]
+  return (f'{what} has {_listed(guessed)}, which no part of this project reads; rename or remove '
+          f'{"them" if len(unread) > 1 else "it"}')
+
+
+def override_problem(config: ml_collections.ConfigDict,
+                     overridden: dict[str, str | None]) -> str | None:
+  """The line for an override that names no field of the config, or a group of fields, or gives a
+  tuple field a dict or set (which ml_collections would take as its keys, silently); None if each
+  names a field."""
+  absent = object()
+  for name, text in overridden.items():
+    value: Any = config
+    for key in name.split('.'):
+      value = value.get(key, absent) if isinstance(value, ml_collections.ConfigDict) else absent
+    if value is absent:
+      close = _close(name, field_names(config))
+      return (f'the config has no field {name!r}; '
+              f'{f"did you mean {close!r}?" if close else "see them all with --print_config"}')
+    if isinstance(value, ml_collections.ConfigDict):
+      inside = ', '.join(f'{name}.{key}' + ('.*' if isinstance(field, ml_collections.ConfigDict)
+                                            else '') for key, field in value.items())
+      return (f'{name} is a group of fields ({inside}), not one; set each on its own: '
+              f'--config.{name}.FIELD=VALUE')
+    if isinstance(value, tuple) and isinstance(_literal(text), (dict, set)):
+      return (f'--config.{name}={text} is a {type(_literal(text)).__name__} where a tuple goes; '
+              f'write the tuple itself, e.g. --config.{name}="{value!r}"')
+  return None
+
+
+def _literal(text: str | None) -> Any:
+  """The Python literal an override's text writes, or None where it writes none."""
+  try:
+    return ast.literal_eval(text) if text is not None else None
+  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    return None
+
+
+def _close(name: str, names: list[str]) -> str | None:
+  """The field of `names` the user may have meant by `name` (None if none is close)."""
+  return next(iter(difflib.get_close_matches(name, names, n=1)), None)
+
+
+def _listed(names: list[str]) -> str:
+  """'the field a', 'the fields a, b and c', 'the fields a, b, c, d and 9 more'."""
+  if len(names) == 1:
+    return f'the field {names[0]}'
+  head, rest = names[:NAMED_AT_MOST], names[NAMED_AT_MOST:]
+  last = f'{len(rest)} more' if rest else head.pop()
+  return f'the fields {", ".join(head)} and {last}'

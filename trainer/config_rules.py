@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import numbers
+import shlex
 from typing import Any
 
 import ml_collections
@@ -16,13 +17,37 @@ from errors import ConfigError, UserError
 from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
+from trainer.config_file import field_problem
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
-POSITIVE_INTEGERS = ('num_epochs', 'num_models', 'batch_size', 'eval_batch_size',
-                     'checkpoint_every_epochs', 'max_checkpoints_to_keep')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
            'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES}
+# Fields that take an integer, or a finite number (nan and inf fail only once compiled, or never):
+# what each must be, as words and as a test of a value of that kind, and a value to suggest.
+INTEGERS = {
+    **{name: ('a positive integer', lambda n: n >= 1, 'N') for name in (
+        'num_epochs', 'num_models', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
+        'max_checkpoints_to_keep')},
+    # jax.random.key keeps a seed's low 32 bits (64-bit integers off): 2**32 would rerun seed 0.
+    'seed': (f'an integer from 0 to {2**32 - 1} (a JAX key holds 32 bits)',
+             lambda n: 0 <= n < 2**32, '0'),
+    'num_devices': ('an integer >= 0', lambda n: n >= 0, 'N'),
+    'profile_epoch': ('an integer >= 0', lambda n: n >= 0, 'N'),
+    'data.max_shift': ('an integer from 0 to 8 pixels', lambda n: 0 <= n <= 8, '1')}
+NUMBERS = {
+    'learning_rate': ('a finite number > 0', lambda x: x > 0, '1e-3'),
+    'momentum': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.9'),
+    'warmup_epochs': ('a finite number >= 0', lambda x: x >= 0, '0'),
+    'weight_decay': ('a finite number >= 0', lambda x: x >= 0, '0'),
+    'checkpoint_min_seconds': ('a finite number >= 0', lambda x: x >= 0, '0'),
+    'label_smoothing': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.1'),
+    'model.dropout_rate': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.2')}
+# Fields that take a string: what it names, and a value to suggest (a split's syntax: parse_split).
+STRINGS = {'data.dir': ("a folder, or '' for the copy in data/mnist", "''"),
+           'data.tfds_data_dir': ("a folder, or '' for TFDS's default", "''"),
+           'data.train_split': ('a split in TFDS syntax', 'train'),
+           'data.eval_split': ('a split in TFDS syntax', 'test')}
 
 # Config fields a resumed run may change: how long to train (num_epochs also stretches the
 # learning-rate schedule), how to run and evaluate, where the data lives. The rest decide the
@@ -37,46 +62,54 @@ DEFAULTS_OF_NEWER_FIELDS = {
     **{f'data.distort.{name}': value for name, value in dataclasses.asdict(Distortion()).items()}}
 
 
-def _is_int(value) -> bool:
+def _is_int(value: Any) -> bool:
   """An integer proper: True and False are ints to Python, never to a config."""
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _check_numbers(config: ml_collections.ConfigDict) -> None:
-  for name in POSITIVE_INTEGERS:
-    if not _is_int(config[name]) or config[name] < 1:
-      raise ConfigError(name, 'must be a positive integer', config[name], 'N')
-  # jax.random.key keeps a seed's low 32 bits (64-bit integers off): 2**32 would rerun seed 0.
-  if not _is_int(config.seed) or not 0 <= config.seed < 2**32:
-    raise ConfigError('seed', f'must be an integer from 0 to {2**32 - 1} (a JAX key holds 32 '
-                      'bits)', config.seed, '0')
+def _is_number(value: Any) -> bool:
+  """A finite real number proper: not True or False, nan or inf."""
+  return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_each_field(flat: dict[str, Any]) -> None:
+  """Each field on its own: its kind first, so a value of another kind (None, a string where a
+  number goes, a list) is its field's line, never a TypeError of the check."""
+  for table, is_kind in ((INTEGERS, _is_int), (NUMBERS, _is_number)):
+    for name, (kind, within, fix) in table.items():
+      if not (is_kind(flat[name]) and within(flat[name])):
+        raise ConfigError(name, f'must be {kind}', flat[name], fix)
+  for name, (named, fix) in STRINGS.items():
+    if not isinstance(flat[name], str):
+      raise ConfigError(name, f'must be a string: {named}', flat[name], fix)
+  if not isinstance(flat['eval_only'], bool):
+    raise ConfigError('eval_only', 'must be True or False', flat['eval_only'], 'false')
+  widths = flat['model.hidden_sizes']
+  # () is deliberate: no hidden layer, a linear model (multinomial logistic regression).
+  if not (isinstance(widths, (tuple, list)) and all(_is_int(w) and w > 0 for w in widths)):
+    raise ConfigError('model.hidden_sizes', "must be a tuple of positive integers, the hidden "
+                      "layers' widths (() for none: a linear model)", widths, '"(512, 512)"')
+  for field, choices in CHOICES.items():
+    if flat[field] not in choices:
+      raise ConfigError(field, f'must be one of {", ".join(choices)}', flat[field], choices[0])
+
+
+def _check_together(config: ml_collections.ConfigDict) -> None:
+  """The fields that bound one another, each already of its kind."""
   if config.seed + config.num_models > 2**32:
     raise ConfigError('num_models', f'must leave seed + num_models - 1 at most {2**32 - 1} '
                       f'(model k trains with seed + k; seed is {config.seed})', config.num_models,
                       str(2**32 - config.seed))
-  for name in ('num_devices', 'profile_epoch'):
-    if not _is_int(config[name]) or config[name] < 0:
-      raise ConfigError(name, 'must be an integer >= 0', config[name], 'N')
   if config.profile_epoch > config.num_epochs:
     raise ConfigError('profile_epoch', f'must be an epoch of the run (1 to num_epochs='
                       f'{config.num_epochs}), or 0 for no trace', config.profile_epoch,
                       str(config.num_epochs))
-  if not config.learning_rate > 0:
-    raise ConfigError('learning_rate', 'must be positive', config.learning_rate, '1e-3')
-  for name in ('warmup_epochs', 'weight_decay', 'checkpoint_min_seconds'):
-    if not (math.isfinite(config[name]) and config[name] >= 0):
-      raise ConfigError(name, 'must be a finite number >= 0', config[name], '0')
-  widths = config.model.hidden_sizes
-  if not all(_is_int(w) and w > 0 for w in widths):
-    raise ConfigError('model.hidden_sizes', 'must be positive integers', widths, '"(512, 512)"')
-  if not 0 <= config.label_smoothing < 1:
-    raise ConfigError('label_smoothing', 'must be in [0, 1)', config.label_smoothing, '0.1')
-  if not 0 <= config.model.dropout_rate < 1:
-    raise ConfigError('model.dropout_rate', 'must be in [0, 1)', config.model.dropout_rate, '0.2')
-  shift = config.data.max_shift
-  if not _is_int(shift) or not 0 <= shift <= 8:
-    raise ConfigError('data.max_shift', 'must be an integer from 0 to 8 pixels', shift, '1')
-  _check_distortion(config.data.distort)
+  train_size = parse_split(config.data.train_split).size
+  parse_split(config.data.eval_split)
+  if config.batch_size > train_size:
+    raise ConfigError('batch_size', f'must be at most the training split '
+                      f'{config.data.train_split!r} has ({train_size} examples)',
+                      config.batch_size, str(train_size))
 
 
 # Each distortion range's bounds (inclusive) and a value to suggest.
@@ -88,30 +121,31 @@ DISTORTION_RANGES = {'rotation': (0, 180, 15), 'scale': (0, 0.9, 0.1), 'shear': 
 def _check_distortion(distort: ml_collections.ConfigDict) -> None:
   for name, (low, high, example) in DISTORTION_RANGES.items():
     value = distort[name]
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and
-            low <= value <= high):
+    if not (_is_number(value) and low <= value <= high):
       raise ConfigError(f'data.distort.{name}', f'must be a number from {low} to {high}', value,
                         str(example))
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-  """Raises ConfigError (or the split parser's UserError) for the first field that cannot work."""
-  _check_numbers(config)
-  flat = fields(config)
-  for field, choices in CHOICES.items():
-    if flat[field] not in choices:
-      raise ConfigError(field, f'must be one of {", ".join(choices)}', flat[field], choices[0])
-  train_size = parse_split(config.data.train_split).size
-  parse_split(config.data.eval_split)
-  if config.batch_size > train_size:
-    raise ConfigError('batch_size', f'must be at most the training split '
-                      f'{config.data.train_split!r} has ({train_size} examples)',
-                      config.batch_size, str(train_size))
+  """Raises ConfigError (or UserError: the fields, the split parser's) for the first field that
+  cannot work."""
+  problem = field_problem(config)
+  if problem:
+    raise UserError(problem)
+  _check_each_field(fields(config))
+  _check_distortion(config.data.distort)
+  _check_together(config)
 
 
 def fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Each field by its dotted name, as a flag names it: `data.distort.rotation`."""
   return traverse_util.flatten_dict(config.to_dict(), sep='.')
+
+
+def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
+  """Each field of the config as the flag that sets it to its value, for --print_config."""
+  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
+          for name, value in sorted(fields(config).items())]
 
 
 def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
   missing = _no_checkpoint(run_dir, ' to evaluate; train first (the same command without '
                            '--config.eval_only=True) or pass the run\'s --workdir')
-  run_dir.check_not_a_file()
+  run_dir.check_usable()
   if not run_dir.exists():
     raise missing
   with open_run(config, run_dir, evaluate_only=True) as run:  # Leaves a live run's files be.
@@ -102,7 +102,7 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
   """
   missing = _no_checkpoint(run_dir, '; pass the --workdir of a trained run, or train one first: '
                            f'python train.py --config=configs/quick.py --workdir={run_dir}')
-  run_dir.check_not_a_file()
+  run_dir.check_usable()
   with backend.machine_limits_said():  # Orbax lists the checkpoints in threads, too.
     backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
     flat = checkpoints.saved_config(run_dir)

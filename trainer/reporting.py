@@ -81,25 +81,28 @@ def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
 
 def read_records(run_dir: RunDirectory, name: str = METRICS_FILE) -> list[dict]:
   """A JSON-lines file's records; none if there is no such file."""
-  return _parse_records(run_dir.read(name) or '')
+  return _parse_records(run_dir.read_bytes(name) or b'')
 
 
-def _parse_records(text: str) -> list[dict]:
-  """The records of JSON lines; a line torn by a kill mid-write (older runs appended) is skipped."""
+def _parse_records(data: bytes) -> list[dict]:
+  """The records of JSON lines; a line that holds no JSON object is skipped, as one torn by a kill
+  mid-write (older runs appended) or damaged (a byte that is not UTF-8)."""
   records = []
-  for line in text.splitlines():
+  for line in data.splitlines():
     try:
-      records.append(json.loads(line))
-    except json.JSONDecodeError:
+      record = json.loads(line.decode('utf-8'))
+    except ValueError:  # Not JSON, or not UTF-8 (UnicodeDecodeError).
       continue
+    if isinstance(record, dict):
+      records.append(record)
   return records
 
 
 def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
   """metrics.jsonl without its records past `epoch`, so a resumed run writes no epoch twice."""
-  text = run_dir.read(METRICS_FILE)  # Read once: on a bucket, each read is a download.
-  kept = [r for r in _parse_records(text or '') if int(r.get('epoch', 0)) <= epoch]
-  if text is not None:
+  data = run_dir.read_bytes(METRICS_FILE)  # Read once: on a bucket, each read is a download.
+  kept = [r for r in _parse_records(data or b'') if int(r.get('epoch', 0)) <= epoch]
+  if data is not None:
     _write_records(run_dir, METRICS_FILE, kept)
   return kept
 

@@ -274,8 +274,8 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
   with contextlib.ExitStack() as stack:
     stack.enter_context(machine_limits_said())  # Entered first: said once the rest has closed.
     where = mode_and_mesh(config)  # Checks the devices against the config before any work.
-    # On a bucket the first touch stays the lock's: its client words a refusal (no credentials, no
-    # permission) in one line, where a listing through gcsfs would log its retries first.
+    # On a bucket the first touch stays run_dir.make()'s: the client of the lock words a refusal
+    # (no credentials, no permission, no network) in one line, where gcsfs would log its retries.
     if not (evaluate_only or run_dir.remote):
       refuse_other_numbers(run_dir, config)
     splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,

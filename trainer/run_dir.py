@@ -7,6 +7,7 @@ end in one line; its clients load only for a `gs://` run directory."""
 import contextlib
 import datetime
 import fcntl
+import logging
 import os
 import re
 import socket
@@ -16,28 +17,70 @@ from typing import Any, TextIO
 
 from etils import epath
 
-from errors import UserError, write_failed
+from errors import UserError, causes, error_reason, write_failed
 
 REMOTE_PREFIX = 'gs://'
+URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')  # s3://, https://: no run directory here.
 CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account; elsewhere run '
                     '`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS')
+# How long the first touch of a bucket retries before the run says Cloud Storage is out of reach
+# (the client's default: 120 s); the lock's later writes keep the default's patience.
+REACH_TIMEOUT_S = 30.0
+
+
+def client() -> Any:
+  """A Cloud Storage client with no project (google-cloud-storage's `project=None`): objects in a
+  named bucket need none, so a machine where none is set (after `gcloud auth application-default
+  login`, say) reaches the bucket too.
+
+  From then on google-auth's warnings (no project set, at each credentials lookup, gcsfs's too)
+  and urllib3's (each retry of a request) stay off the user's lines: what fails ends in one."""
+  from google.cloud import storage  # pylint: disable=g-import-not-at-top; only for gs://
+  for library in ('google.auth', 'urllib3'):
+    logging.getLogger(library).setLevel(logging.ERROR)
+  return storage.Client(project=None)
 
 
 def blob(url: str) -> Any:
   """The Cloud Storage object at a `gs://` URL, from the client whose writes take preconditions."""
-  from google.cloud import storage  # pylint: disable=g-import-not-at-top; only for gs://
   bucket, _, name = url[len(REMOTE_PREFIX):].partition('/')
-  return storage.Client().bucket(bucket).blob(name)
+  return client().bucket(bucket).blob(name)
+
+
+def reach(workdir: str) -> None:
+  """The first touch of a bucket, by the client that words Cloud Storage's refusals in one line,
+  within REACH_TIMEOUT_S: gcsfs and orbax would log their retries, then end in tracebacks."""
+  from google.cloud.storage.retry import DEFAULT_RETRY  # pylint: disable=g-import-not-at-top
+  bucket, _, prefix = workdir[len(REMOTE_PREFIX):].partition('/')
+  with user_errors(workdir):
+    listed = client().list_blobs(bucket, prefix=prefix, max_results=1, timeout=REACH_TIMEOUT_S,
+                                 retry=DEFAULT_RETRY.with_timeout(REACH_TIMEOUT_S))
+    next(iter(listed), None)
+
+
+def _unreachable_reason(error: BaseException) -> str:
+  """Why a request never got an answer: the OS's words (Name or service not known, Connection
+  refused) where there are some, else the innermost error's first line."""
+  chain = [*causes(error)]
+  said = [cause.strerror for cause in chain if isinstance(cause, OSError) and cause.strerror]
+  return said[-1] if said else error_reason(chain[-1])
 
 
 @contextlib.contextmanager
 def user_errors(workdir: str) -> Iterator[None]:
   """Cloud Storage's refusals as the one line a user acts on, naming the bucket and the fix."""
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
-  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top; only for gs://
+  import requests
+  from google.api_core import exceptions
+  from google.auth import exceptions as auth
   bucket = f'{REMOTE_PREFIX}{workdir[len(REMOTE_PREFIX):].split("/", 1)[0]}'
   try:
     yield
+  except (exceptions.RetryError, auth.TransportError, requests.ConnectionError,
+          requests.Timeout) as error:  # Offline, or no name server: the retries ran out.
+    raise UserError(f'cannot reach Cloud Storage for {bucket} ({_unreachable_reason(error)}); '
+                    "check this machine's network connection, then rerun the same "
+                    'command') from error
   except exceptions.NotFound as error:
     raise UserError(f'the bucket {bucket} of --workdir={workdir} does not exist; create it '
                     f'(gcloud storage buckets create {bucket} --location=REGION) or pass another '
@@ -60,6 +103,11 @@ class RunDirectory:
   def __init__(self, workdir: str | os.PathLike):
     workdir = os.fspath(workdir)
     self.remote = workdir.startswith(REMOTE_PREFIX)
+    scheme = URL_SCHEME.match(workdir)
+    if scheme and not self.remote:  # Else it would be a local folder named `s3:`.
+      raise UserError(f'cannot keep a run directory at {workdir}: a --workdir is a local folder or '
+                      f'a Cloud Storage bucket (gs://BUCKET/PATH), not {scheme.group(1)}://; pass '
+                      'one of those')
     self.name = workdir.rstrip('/') if self.remote else os.path.abspath(workdir)
 
   def __str__(self) -> str:
@@ -72,10 +120,11 @@ class RunDirectory:
     return epath.Path(self.file(name) if name else self.name)
 
   def make(self) -> None:
-    """A local directory is made and checked writable; a bucket's prefix needs no making."""
+    """A local directory is made and checked writable; a bucket's prefix needs no making, but its
+    bucket must be reachable."""
+    self.check_usable()
     if self.remote:
       return
-    self.check_not_a_file()
     try:
       os.makedirs(self.name, exist_ok=True)
     except OSError as error:
@@ -95,20 +144,23 @@ class RunDirectory:
                        'start again')
     return write_failed(self.file(name) if name else self.name, error, saved)
 
-  def check_not_a_file(self) -> None:
-    """A --workdir naming a file is the user's one line,
-    not an error of each thing it is used for."""
-    if not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
+  def check_usable(self) -> None:
+    """A --workdir naming a file, or a bucket this machine cannot use, is the user's one line
+    before the first read or write, not an error of each thing it is used for."""
+    if self.remote:
+      reach(self.name)
+    elif os.path.exists(self.name) and not os.path.isdir(self.name):
       raise UserError(f'the run directory {self.name} is a file; pass a --workdir that names a '
                       'folder')
 
   def exists(self) -> bool:
     return self.path().is_dir()
 
-  def read(self, name: str) -> str | None:
-    """A file's text, or None if there is none; one line for a file that cannot be read."""
+  def read_bytes(self, name: str) -> bytes | None:
+    """A file's bytes, or None if there is none; one line for a file that cannot be read. Bytes:
+    what a line that is not UTF-8 text means is the reader's to say."""
     try:
-      return self.path(name).read_text(encoding='utf-8')
+      return self.path(name).read_bytes()
     except FileNotFoundError:
       return None
     except OSError as error:  # A folder of that name, no permission, an I/O error.
@@ -223,7 +275,9 @@ class _Flock:
 
   def take(self) -> UserError | None:
     try:
-      lock: TextIO = open(self._path, 'a+', encoding='utf-8')  # pylint: disable=consider-using-with
+      # A lock's text only names its holder; bytes of no text there are shown, never raised.
+      lock: TextIO = open(self._path, 'a+', encoding='utf-8',  # pylint: disable=consider-using-with
+                          errors='backslashreplace')
     except OSError as error:  # A folder of that name, no permission: not a lock this run can hold.
       return UserError(f'cannot open the run lock {self._path} ({error.strerror}); move it out of '
                        'the run directory, then rerun the same command')
@@ -272,7 +326,7 @@ class _Flock:
   def _names_a_run(self) -> bool:
     """Whether the lock file names another run: one that took it, and may have saved since."""
     try:
-      with open(self._path, encoding='utf-8') as lock:
+      with open(self._path, encoding='utf-8', errors='backslashreplace') as lock:
         return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
     except OSError:  # Gone, or not a file to read: take() says what it is.
       return False
@@ -324,7 +378,8 @@ class _ObjectLock:
   def _holder(found: Any) -> tuple[str, int]:
     """The run a lock names ('' if none), and how many seconds ago it was last written."""
     silent = datetime.datetime.now(datetime.timezone.utc) - found.updated
-    return found.download_as_text().strip(), max(0, int(silent.total_seconds()))
+    text = found.download_as_bytes().decode('utf-8', 'backslashreplace')  # As _Flock shows it.
+    return text.strip(), max(0, int(silent.total_seconds()))
 
   def _write(self, expected: int | None, text: str | None = None) -> bool:
     """Writes the lock if its generation is `expected`; False if another run wrote it first."""
