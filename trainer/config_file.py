@@ -45,17 +45,18 @@ class ConfigFileParser(flags.ArgumentParser):
       raise ConfigFileFailed(problem)
     return config
 
-  def overridden(self) -> dict[str, str | None]:
-    """The fields the command line sets, each with the text of its value where one is given
+  def overridden(self) -> list[tuple[str, str | None]]:
+    """Each override on the command line, a field with the text of its value where one is given
     (`--config.model.dropout_rate=0.1`: model.dropout_rate, '0.1'), found in sys.argv as
-    ml_collections finds them there."""
+    ml_collections finds them there; a field set twice, twice (a tuple's values join)."""
     arguments = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
     pattern = re.compile(rf'-{{1,2}}(?:no)?{re.escape(self.flag_name)}\.([^=]+)(?:=(.*))?', re.S)
-    given = {}
+    given = []
     for argument, following in zip(arguments, [*arguments[1:], None]):
       if found := pattern.fullmatch(argument):  # `--config.FIELD VALUE`: the value follows.
         name, text = found.groups()
-        given[name] = text if text is not None or str(following).startswith('-') else following
+        given.append((name, text if text is not None or str(following).startswith('-')
+                      else following))
     return given
 
   def flag_type(self) -> str:
@@ -176,12 +177,12 @@ def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -
 
 
 def override_problem(config: ml_collections.ConfigDict,
-                     overridden: dict[str, str | None]) -> str | None:
+                     overridden: list[tuple[str, str | None]]) -> str | None:
   """The line for an override that names no field of the config, or a group of fields, or gives a
   tuple field a dict or set (which ml_collections would take as its keys, silently); None if each
   names a field."""
   absent = object()
-  for name, text in overridden.items():
+  for name, text in overridden:
     value: Any = config
     for key in name.split('.'):
       value = value.get(key, absent) if isinstance(value, ml_collections.ConfigDict) else absent
