@@ -85,9 +85,10 @@ def clipped(text: str, limit: int = 160) -> str:
   """A library's text's first line, at most about `limit` characters, cut between words ('...'
   marks the cut): half a number or path would mislead."""
   line = first_line(text)
-  if len(line) <= limit:
-    return line
-  return line[:limit + 1].rsplit(' ', 1)[0].rstrip(',;:') + ' ...'
+  cut = line.rfind(' ', 0, limit + 1)
+  if cut <= 0:  # One long word (a path, a URL) up to the limit: kept whole.
+    cut = line.find(' ', limit)
+  return line if len(line) <= limit or cut < 0 else line[:cut].rstrip(',;:') + ' ...'
 
 
 def error_reason(error: BaseException) -> str:

@@ -127,7 +127,7 @@ def _config_file_failure(cause: BaseException, file: str) -> str:
     return (f'the config file {file} has no get_config(); define one that returns an '
             f'ml_collections.ConfigDict, or pass {default_config_flag()}')
   if isinstance(cause, SyntaxError):  # Raised before any of the code ran: Python names the place.
-    text, where = cause.msg, f'{cause.filename}, line {cause.lineno}'
+    text, where = cause.msg, f'{os.path.abspath(cause.filename or file)}, line {cause.lineno}'
   else:
     lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
              if os.path.abspath(f.filename) == file]
