@@ -36,8 +36,7 @@ TENSORSTORE_DAMAGE_STATUS = re.compile(
 # compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
 ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
-# Orbax's warning of a step folder without its _CHECKPOINT_METADATA:
-# not a checkpoint it wrote whole.
+# Orbax's warning of a step folder without _CHECKPOINT_METADATA: a checkpoint not written whole.
 ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
 # Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
 ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)

@@ -273,8 +273,7 @@ def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_workdir(t
 
 
 def saving_after_a_checkpoint(workdir: str) -> bool:
-  """Whether orbax writes a checkpoint into the bucket
-  (its objects there, its commit marker not yet) with an older one complete."""
+  """Whether the bucket holds a complete checkpoint and a newer one lacking its commit marker."""
   found = names(workdir)
   started = {int(name.split('/')[0]) for name in found if re.match(r'\d+/', name)}
   complete = {int(name.split('/')[0]) for name in found
