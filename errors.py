@@ -36,8 +36,7 @@ TENSORSTORE_DAMAGE_STATUS = re.compile(
 # compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
 ORBAX_TREE_MISMATCH = re.compile(
     r'tree structures do not match|pytree structure|not compatible with the stored shape')
-# Orbax's warning of a step folder without its _CHECKPOINT_METADATA:
-# not a checkpoint it wrote whole.
+# Orbax's warning of a step folder without _CHECKPOINT_METADATA: a checkpoint not written whole.
 ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
 # Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
 ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)
@@ -85,9 +84,10 @@ def clipped(text: str, limit: int = 160) -> str:
   """A library's text's first line, at most about `limit` characters, cut between words ('...'
   marks the cut): half a number or path would mislead."""
   line = first_line(text)
-  if len(line) <= limit:
-    return line
-  return line[:limit + 1].rsplit(' ', 1)[0].rstrip(',;:') + ' ...'
+  cut = line.rfind(' ', 0, limit + 1)
+  if cut <= 0:  # One long word (a path, a URL) up to the limit: kept whole.
+    cut = line.find(' ', limit)
+  return line if len(line) <= limit or cut < 0 else line[:cut].rstrip(',;:') + ' ...'
 
 
 def error_reason(error: BaseException) -> str:

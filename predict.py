@@ -61,8 +61,7 @@ def image_files(paths: list[str]) -> list[str]:
 
 
 def read_digit(path: str) -> np.ndarray:
-  """uint8 [784]: the file as an MNIST image,
-  or a UserError naming the file and why it is not one."""
+  """uint8 [784]: the file as an MNIST image, or a UserError that names it and says why not."""
   from PIL import Image, UnidentifiedImageError  # pylint: disable=g-import-not-at-top
   from data import digit_images  # pylint: disable=g-import-not-at-top
   try:

@@ -1,16 +1,16 @@
-"""Checkpoint costs, side by side in one process: save, restore, fingerprint, and epochs with and
-without saves. Then the save cadence, as real runs of train.py.
+"""Checkpoint costs side by side in one process, then the save cadence in real runs of train.py.
 
   python -m benchmarks.checkpoint_times [--data_dir=data/mnist] [--repeats=10] [--launches=5]
       [--min_seconds=0.5,2] [--part=all|costs|cadence]
 
-Trains the default config (784-512-512-10, AdamW: an 8 MB state) on the first 8,000 real test
-images. Times are medians over --repeats; the epoch comparison alternates blocks of plain epochs
-and epochs each followed by a save (timed until the last write is on disk), so both see the same
-machine load. The cadence comparison launches train.py (the default config, 40 epochs of 2,048
-images) with the default cadence, saving once (at the end) and saving every epoch, plus any
---min_seconds, in turn --launches times, and shows each one's time from launch to exit (median and
-fastest: on a shared machine the fastest is the least disturbed) and its CPU time (user + system).
+The costs: save, restore, fingerprint, and epochs with and without saves. Trains the default config
+(784-512-512-10, AdamW: an 8 MB state) on the first 8,000 real test images. Times are medians over
+--repeats; the epoch comparison alternates blocks of plain epochs and epochs each followed by a save
+(timed until the last write is on disk), so both see the same machine load. The cadence comparison
+launches train.py (the default config, 40 epochs of 2,048 images) with the default cadence, saving
+once (at the end) and saving every epoch, plus any --min_seconds, in turn --launches times, and
+shows each one's time from launch to exit (median and fastest: on a shared machine the fastest is
+the least disturbed) and its CPU time (user + system).
 """
 
 import os

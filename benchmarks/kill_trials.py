@@ -1,5 +1,4 @@
-"""kill -9 at random moments of a real run, then the same command again:
-does every rerun end exactly?
+"""kill -9 a real run at random moments, then rerun the same command: does each end exactly?
 
   python -m benchmarks.kill_trials [--trials=20] [--seed=0]
 
@@ -7,8 +6,8 @@ Runs a short real-data training once uninterrupted, then, per trial, starts it i
 directory and SIGKILLs it at a random time: in two trials of three drawn over its epochs (timed
 from its first epoch line), where the background saves and their finalize happen, else over its
 start-up. Every other trial kills the rerun too, during its restore, set-up or TensorBoard
-rebuild; then the same command runs to the end. Each final metrics.jsonl
-(timings aside) and the final checkpoint's state fingerprint must equal the uninterrupted run's.
+rebuild; then the same command runs to the end. Each final metrics.jsonl (timings aside) and the
+final checkpoint's state fingerprint must equal the uninterrupted run's.
 """
 
 import json

@@ -1,5 +1,6 @@
-"""What a benchmark trains, shared by its scripts: the flags, config, images, the trainer's epoch
-and the MLP's matmuls alone."""
+"""What a benchmark trains, shared by its scripts.
+
+The flags, config, images, the trainer's epoch and the MLP's matmuls alone."""
 
 import functools
 import pathlib
@@ -84,8 +85,7 @@ def check_data_dir(without: str | None = '--data=synthetic') -> str:
 
 
 def load_images(without: str = '--data=synthetic') -> tuple[Examples, str]:
-  """The flags' examples, and a description of them for the table;
-  `without` as in check_data_dir."""
+  """The flags' examples and the table's description of them; `without` as in check_data_dir."""
   num_images = NUM_IMAGES.value
   if DATA.value == 'synthetic':
     rng = np.random.default_rng(0)

@@ -97,8 +97,7 @@ def train_members(states: steps.TrainState, data: Data, seed_keys: jax.Array, ep
 
 def _score_all(data: Data, batch_size: int, axis_name: str | None,
                score: Callable[[steps.Batch, jax.Array], Any]) -> Any:
-  """`score(batch, mask)`'s sums over every example exactly once,
-  the last batch padded and masked."""
+  """`score(batch, mask)`'s sums over each example exactly once: the last batch padded, masked."""
   images, labels = data
   shard, num_shards = _shard(axis_name)
   indices, masks = batches.eval_steps(images.shape[0], batch_size, num_shards, shard)

@@ -33,8 +33,7 @@ def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
 
 
 def member_keys(seed: int, count: int) -> tuple[jax.Array, jax.Array]:
-  """Members' keys stacked [count]: member k's are those of a run of seed + k,
-  so it trains as one."""
+  """Members' keys stacked [count]: member k's are seed + k's run keys, so it trains as that run."""
   pairs = [run_keys(seed + k) for k in range(count)]
   return jnp.stack([init for init, _ in pairs]), jnp.stack([run for _, run in pairs])
 

@@ -1,5 +1,4 @@
-"""Shared test fixtures: the MNIST files the project carries,
-and configs that train on slices of them fast."""
+"""Shared test fixtures: the carried MNIST files, and configs that train on slices of them fast."""
 
 import atexit
 import hashlib
@@ -58,8 +57,7 @@ def without_timings(records: list[dict]) -> list[dict]:
 
 
 def _merged(overrides: dict) -> dict:
-  """The real-data split plus overrides given as keywords,
-  `__` standing for `.` (model__dropout_rate)."""
+  """The real-data split plus keyword overrides, `__` standing for `.` (model__dropout_rate)."""
   return {**REAL_SPLITS, **{k.replace('__', '.'): v for k, v in overrides.items()}}
 
 
@@ -112,8 +110,7 @@ def limit_address_space(limit: int) -> str:
 
 def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
                          env: dict | None = None) -> None:
-  """train.py given a mistake: non-zero exit, one line `error: ...` naming it,
-  the workdir as it was."""
+  """train.py given a mistake: non-zero exit, one `error: ...` line naming it, workdir untouched."""
   workdir.mkdir()
   (workdir / 'metrics.jsonl').write_text('{"epoch": 1}\n')
   out = run_train(*args, f'--workdir={workdir}', env=env)
@@ -126,8 +123,7 @@ def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
 
 
 def on_devices(count: int) -> dict[str, str]:
-  """Environment for a process that sees `count` CPU devices
-  (other XLA flags, e.g. an ISA, kept)."""
+  """Environment of a process that sees `count` CPU devices (other XLA flags, e.g. an ISA, kept)."""
   flags = f'{os.environ.get("XLA_FLAGS", "")} --xla_force_host_platform_device_count={count}'
   return {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': flags.strip()}
 

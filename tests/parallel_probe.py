@@ -1,5 +1,4 @@
-"""Run as `python -m tests.parallel_probe OUT_DIR` under a multi-device XLA_FLAGS,
-never inside pytest.
+"""Run as `python -m tests.parallel_probe OUT_DIR` under a multi-device XLA_FLAGS, not in pytest.
 
 Trains one config with parallel=jit, mesh and pmap, and walks the mesh's replicated state through
 an epoch, a host copy and back; writes what it saw to OUT_DIR/probe.json for tests/test_parallel.py.
@@ -39,8 +38,7 @@ SETTINGS = dict(num_epochs=2, checkpoint_min_seconds=0, model__dropout_rate=0.2,
                 warmup_epochs=1.0, seed=1)
 MODES = ('jit', 'mesh', 'pmap')
 MEMBER_MODES = ('mesh', 'pmap')  # num_models=2 runs on the 8 devices.
-# A constant learning rate, so that the same runs also serve as the checkpoints
-# resumed across modes.
+# A constant learning rate: the same runs also serve as the checkpoints resumed across modes.
 RESUMABLE = {**SETTINGS, 'schedule': 'constant', 'warmup_epochs': 0}
 
 

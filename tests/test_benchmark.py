@@ -1,5 +1,4 @@
-"""benchmarks/throughput.py and profile_epoch.py on a tiny setting:
-their figures and one-line errors.
+"""benchmarks/throughput.py and profile_epoch.py on a tiny setting: figures, one-line errors.
 
 Timings here prove nothing (the sizes are tiny); the checks are on what could silently rot: the
 keys, figures that must agree with each other, the same-training check and the start-up probe.
@@ -32,8 +31,7 @@ RANGE = r'([\d,.]+) \[([\d,.]+) \.\. ([\d,.]+)\]'  # How the table prints median
 
 
 def run_benchmark(*args: str, cpu_devices: int | None = None) -> subprocess.CompletedProcess:
-  """`python -m benchmarks.throughput ARGS` from the project root;
-  on that many CPU devices if given."""
+  """`python -m benchmarks.throughput ARGS` in the project root, on `cpu_devices` CPUs if given."""
   env = {**os.environ, **(on_devices(cpu_devices) if cpu_devices else {})}
   return subprocess.run([sys.executable, '-m', 'benchmarks.throughput', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300, env=env)
@@ -201,8 +199,7 @@ def test_mesh_and_pmap_are_timed_side_by_side_on_8_devices():
 
 
 def test_launch_phases_names_imports_and_the_projects_functions(tmp_path):
-  """The table's rows come from a real profile:
-  a project function that ran is listed with its time."""
+  """The rows come from a real profile: a project function that ran is listed with its time."""
   import pstats  # pylint: disable=g-import-not-at-top
 
   from benchmarks.launch_phases import phases

@@ -1,5 +1,4 @@
-"""Checkpoints: exact resume after a stop, SIGTERM or SIGKILL,
-damaged checkpoints, mismatches, NaN."""
+"""Checkpoints: exact resume after a stop, SIGTERM or SIGKILL; damaged ones, mismatches, NaN."""
 
 import errno
 import hashlib
@@ -102,8 +101,7 @@ def saved_epochs(workdir) -> list[int]:
 
 
 def snapshot(folder) -> dict[str, str]:
-  """Every file under `folder` and a hash of its bytes:
-  what 'nothing changed' is checked against."""
+  """Every file under `folder` and its bytes' hash: what 'nothing changed' is checked against."""
   return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
           for p in sorted(folder.rglob('*')) if p.is_file()}
 
@@ -241,8 +239,7 @@ def largest_file(folder):
 
 
 def assert_tensorboard_matches_metrics(workdir):
-  """TensorBoard shows each epoch once, with metrics.jsonl's values,
-  after purging orphaned steps."""
+  """TensorBoard shows each epoch once, with metrics.jsonl's values, orphaned steps purged."""
   from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
   events = event_accumulator.EventAccumulator(str(workdir))
   events.Reload()
@@ -288,8 +285,7 @@ DAMAGE = [
            'a file in place of a folder', slow=True),
     damage(lambda ckpt: (ckpt / 'meta' / 'metadata').write_text('{"config": [], "epoch": 3}'),
            'holds no fingerprint, or no config', 'metadata of another shape', slow=True),
-    # Not a checkpoint, yet where orbax writes the epoch's:
-    # it used to delete the file to save there.
+    # A file where orbax writes the epoch's checkpoint: it used to delete the file to save there.
     damage(file_in_place_of, 'it is a file, not a folder', 'a file in place of the checkpoint',
            slow=True),
     damage(link_to_nothing_in_place_of, 'it is a link to nothing',

@@ -85,6 +85,9 @@ BAD_INPUTS = {
         [CONFIG, '--config.model.hidden_sizes={1:2}'], 'error: --config.model.hidden_sizes={1:2} '
         'is a dict where a tuple goes; write the tuple itself, e.g. '
         '--config.model.hidden_sizes="(512, 512)"'),
+    'hidden sizes given twice, a dict first': (  # ml_collections joins a tuple flag's values.
+        [CONFIG, '--config.model.hidden_sizes', '{64: 1}', '--config.model.hidden_sizes=8'],
+        'error: --config.model.hidden_sizes={64: 1} is a dict where a tuple goes'),
     'hidden sizes given as a set, its value apart': (
         [CONFIG, '--config.model.hidden_sizes', '{512, 512}'],
         'error: --config.model.hidden_sizes={512, 512} is a set where a tuple goes'),

@@ -205,3 +205,6 @@ def test_a_library_s_long_text_is_cut_between_words_never_inside_a_number():
   assert clipped(text, 40) == 'Requested byte range [985272, 987220) is ...'
   assert clipped(text, 35) == 'Requested byte range [985272 ...'
   assert clipped(text) == text.splitlines()[0]  # Short enough: the first line, whole.
+  path = '/a' * 30  # A word longer than the limit is kept whole.
+  assert clipped(f'{path} is gone for good', 20) == f'{path} ...'
+  assert clipped(path, 20) == path

@@ -21,8 +21,7 @@ from trainer.run import choose_mode
 
 @pytest.fixture(scope='module')
 def probe(tmp_path_factory, mnist_dir):
-  """tests/parallel_probe.py run once on 8 simulated devices:
-  its report, stdout and output folder."""
+  """tests/parallel_probe.py once on 8 simulated devices: its report, stdout and output folder."""
   out = tmp_path_factory.mktemp('probe')
   result = subprocess.run([sys.executable, '-m', 'tests.parallel_probe', str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
@@ -114,8 +113,7 @@ def test_a_checkpoint_saved_in_one_mode_resumes_in_any_other_exactly(probe, firs
 
 @pytest.mark.slow
 def test_the_tpu_recipe_starts_on_a_simulated_v3_32_pod_slice(tmp_path, mnist_dir):
-  """configs/tpu_v3_8.py with its docstring's pod flags, on 32 devices
-  (a tiny model, two short epochs)."""
+  """configs/tpu_v3_8.py, its docstring's pod flags, on 32 devices (tiny model, 2 short epochs)."""
   out = subprocess.run(
       [sys.executable, 'train.py', '--config=configs/tpu_v3_8.py', f'--workdir={tmp_path}',
        '--config.parallel=mesh', '--config.num_devices=32', '--config.num_epochs=2',

@@ -79,9 +79,8 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
 
 
 def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_run, monkeypatch):
-  """predict.py and export.py read the run so: orbax lists its checkpoints in threads, and a
-  machine short of memory or at its limit of processes refuses them (as under
-  `ulimit -v 1500000`)."""
+  """predict.py and export.py read the run so: orbax lists its checkpoints in threads,
+  which a machine short of memory or at its limit of processes refuses (`ulimit -v 1500000`)."""
   def refused(thread):
     raise RuntimeError(THREAD_REFUSED)
 

@@ -3,6 +3,7 @@
 Each process runs train.py with its own simulated CPU device count, as a user would launch it.
 """
 
+import errno
 import io
 import os
 import re
@@ -22,6 +23,8 @@ from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_
                             without_timings)
 from tests.parallel_probe import SETTINGS
 from tests.test_cloud_storage import names, records
+from errors import UserError
+from trainer import processes
 from trainer.processes import relay
 from trainer.reporting import METRICS_FILE
 from trainer.run_dir import LOCK_FILE
@@ -270,8 +273,7 @@ def test_a_lost_process_line_names_the_newest_checkpoint_of_a_relative_workdir(t
 
 
 def saving_after_a_checkpoint(workdir: str) -> bool:
-  """Whether orbax writes a checkpoint into the bucket
-  (its objects there, its commit marker not yet) with an older one complete."""
+  """Whether the bucket holds a complete checkpoint and a newer one lacking its commit marker."""
   found = names(workdir)
   started = {int(name.split('/')[0]) for name in found if re.match(r'\d+/', name)}
   complete = {int(name.split('/')[0]) for name in found
@@ -372,3 +374,21 @@ def fill(text: str, values: dict[str, str]) -> str:
   for name, value in values.items():
     text = text.replace(name, value)
   return text
+
+
+def test_the_coordinator_port_check_takes_ipv4_alone_on_a_machine_without_ipv6(monkeypatch):
+  """gRPC listens on IPv4's addresses where the machine has no IPv6: so does the check, which
+  must neither refuse such a launch nor miss a port in use there."""
+  real_socket = socket.socket
+
+  def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+    if family == socket.AF_INET6:
+      raise OSError(errno.EAFNOSUPPORT, 'Address family not supported by protocol')
+    return real_socket(family, *args, **kwargs)
+
+  with socket.create_server(('127.0.0.1', 0)) as held:
+    port = held.getsockname()[1]
+    monkeypatch.setattr(socket, 'socket', no_ipv6)
+    with pytest.raises(UserError, match=f'on port {port} \\(another program listens there'):
+      processes.check_port_free(f'127.0.0.1:{port}')
+  processes.check_port_free(f'127.0.0.1:{free_port()}')  # Free: no line.

@@ -1,5 +1,4 @@
-"""One training run per run directory: a second run stops at once;
-a killed holder blocks nothing."""
+"""One training run per run directory: a second stops at once; a killed holder blocks nothing."""
 
 import logging
 import os

@@ -1,5 +1,4 @@
-"""The TFDS source: its real code path offline on the carried files, under mock data,
-and its one-line errors."""
+"""The TFDS source's real code path offline (carried files, mock data) and its one-line errors."""
 
 import errno
 import gzip

@@ -1,5 +1,4 @@
-"""The training loop in-process: determinism, its three outputs,
-and an evaluation that misses nobody."""
+"""The training loop in-process: determinism, its three outputs, an evaluation missing nobody."""
 
 import errno
 import gzip

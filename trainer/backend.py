@@ -66,12 +66,13 @@ def _refuse_a_held_tpu() -> None:
   except RuntimeError as error:
     found = _FAILED_QUIETLY.search(' '.join(str(error).split()))
     if found and 'already in use' in found.group(1):
+      fix = _fix(found.group(1), 'tpu')
       raise UserError(f"JAX could not start this machine's TPU ({found.group(1)}) and would run "
-                      f'on the CPU instead; {_fix(found.group(1))}, or set JAX_PLATFORMS=cpu to '
-                      'run on the CPU') from error
+                      f'on the CPU instead; {fix}, or set JAX_PLATFORMS=cpu to run on the CPU'
+                      ) from error
 
 
-def _fix(reason: str, backend: str = 'tpu') -> str:
+def _fix(reason: str, backend: str) -> str:
   """What to do about a backend that could not start, by JAX's reason."""
   if 'in use' in reason:
     return 'another process holds it: wait for that one to end, or stop it'

@@ -1,10 +1,9 @@
 """The config file a command line names, loaded by ml_collections: a file that cannot be read, its
-code's failures, its fields and the overrides' typos are one line each, and a config goes back to
-the flags that would set it."""
+code's failures, its fields and the overrides' typos are one line each, in paths that work from
+the user's folder."""
 
 import ast
 import contextlib
-import difflib
 import logging
 import os
 import re
@@ -16,11 +15,10 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from configs import default
 from errors import PROJECT_ROOT, UserError, shown
+from trainer.config_fields import close_field, field_names, field_problem
 
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
-NAMED_AT_MOST = 4  # Fields a line names before it counts the rest.
 
 
 class ConfigFileFailed(Exception):
@@ -45,17 +43,18 @@ class ConfigFileParser(flags.ArgumentParser):
       raise ConfigFileFailed(problem)
     return config
 
-  def overridden(self) -> dict[str, str | None]:
-    """The fields the command line sets, each with the text of its value where one is given
+  def overridden(self) -> list[tuple[str, str | None]]:
+    """Each override on the command line, a field with the text of its value where one is given
     (`--config.model.dropout_rate=0.1`: model.dropout_rate, '0.1'), found in sys.argv as
-    ml_collections finds them there."""
+    ml_collections finds them there; a field set twice, twice (a tuple's values join)."""
     arguments = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
     pattern = re.compile(rf'-{{1,2}}(?:no)?{re.escape(self.flag_name)}\.([^=]+)(?:=(.*))?', re.S)
-    given = {}
+    given = []
     for argument, following in zip(arguments, [*arguments[1:], None]):
       if found := pattern.fullmatch(argument):  # `--config.FIELD VALUE`: the value follows.
         name, text = found.groups()
-        given[name] = text if text is not None or str(following).startswith('-') else following
+        given.append((name, text if text is not None or str(following).startswith('-')
+                      else following))
     return given
 
   def flag_type(self) -> str:
@@ -126,7 +125,7 @@ def _config_file_failure(cause: BaseException, file: str) -> str:
     return (f'the config file {file} has no get_config(); define one that returns an '
             f'ml_collections.ConfigDict, or pass {default_config_flag()}')
   if isinstance(cause, SyntaxError):  # Raised before any of the code ran: Python names the place.
-    text, where = cause.msg, f'{cause.filename}, line {cause.lineno}'
+    text, where = cause.msg, f'{os.path.abspath(cause.filename or file)}, line {cause.lineno}'
   else:
     lines = [f.lineno for f in traceback.extract_tb(cause.__traceback__)
              if os.path.abspath(f.filename) == file]
@@ -138,7 +137,7 @@ def _config_file_failure(cause: BaseException, file: str) -> str:
 
 @contextlib.contextmanager
 def _loader_logs_muted() -> Iterator[None]:
-  """Drops ml_collections' log records about loading a config file, which train.py words itself."""
+  """Drops ml_collections' log records about loading a config file: this module words them."""
   muted = lambda record: not record.pathname.endswith('config_flags.py')
   absl_logger = logging.getLogger('absl')
   absl_logger.addFilter(muted)
@@ -148,45 +147,18 @@ def _loader_logs_muted() -> Iterator[None]:
     absl_logger.removeFilter(muted)
 
 
-def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
-  """Each field's dotted name, as a flag names it (`data.distort.rotation`); no JAX to import."""
-  names = []
-  for key, value in config.items():
-    is_group = isinstance(value, ml_collections.ConfigDict)
-    names += field_names(value, f'{prefix}{key}.') if is_group else [f'{prefix}{key}']
-  return names
-
-
-def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -> str | None:
-  """The line for a config whose fields are not the default's (None if they are): a field missing
-  fails the run where it is first read, a field of its own is never read."""
-  expected = field_names(default.get_config())
-  present = field_names(config)
-  missing = [name for name in expected if name not in present]
-  if missing:
-    return (f'{what} lacks {_listed(missing)}; build it as every config in configs/ does: '
-            '`from configs import default`, `config = default.get_config()`, then change fields')
-  unread = [name for name in present if name not in expected]
-  if not unread:
-    return None
-  guessed = [f'{name} (did you mean {close}?)' if (close := _close(name, expected)) else name
-             for name in unread]
-  return (f'{what} has {_listed(guessed)}, which no part of this project reads; rename or remove '
-          f'{"them" if len(unread) > 1 else "it"}')
-
-
 def override_problem(config: ml_collections.ConfigDict,
-                     overridden: dict[str, str | None]) -> str | None:
+                     overridden: list[tuple[str, str | None]]) -> str | None:
   """The line for an override that names no field of the config, or a group of fields, or gives a
   tuple field a dict or set (which ml_collections would take as its keys, silently); None if each
   names a field."""
   absent = object()
-  for name, text in overridden.items():
+  for name, text in overridden:
     value: Any = config
     for key in name.split('.'):
       value = value.get(key, absent) if isinstance(value, ml_collections.ConfigDict) else absent
     if value is absent:
-      close = _close(name, field_names(config))
+      close = close_field(name, field_names(config))
       return (f'the config has no field {name!r}; '
               f'{f"did you mean {close!r}?" if close else "see them all with --print_config"}')
     if isinstance(value, ml_collections.ConfigDict):
@@ -206,17 +178,3 @@ def _literal(text: str | None) -> Any:
     return ast.literal_eval(text) if text is not None else None
   except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
     return None
-
-
-def _close(name: str, names: list[str]) -> str | None:
-  """The field of `names` the user may have meant by `name` (None if none is close)."""
-  return next(iter(difflib.get_close_matches(name, names, n=1)), None)
-
-
-def _listed(names: list[str]) -> str:
-  """'the field a', 'the fields a, b and c', 'the fields a, b, c, d and 9 more'."""
-  if len(names) == 1:
-    return f'the field {names[0]}'
-  head, rest = names[:NAMED_AT_MOST], names[NAMED_AT_MOST:]
-  last = f'{len(rest)} more' if rest else head.pop()
-  return f'the fields {", ".join(head)} and {last}'

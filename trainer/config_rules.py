@@ -17,7 +17,7 @@ from errors import ConfigError, UserError
 from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
-from trainer.config_file import field_problem
+from trainer.config_fields import field_problem
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.

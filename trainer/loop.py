@@ -96,9 +96,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
       run.checkpoints.save(epoch, state, force=bool(stop) or epoch == config.num_epochs)
       if stop and epoch < config.num_epochs:
         _wait_for_save(run, stop, epoch)
-    # The last save complete before the run says it is saved, and its failure (a full disk) said
-    # first, with the checkpoint the run resumes from, not behind a picture that
-    # could not be written.
+    # The last save complete before the run says it is saved; its failure (a full disk) said first,
+    # with the checkpoint the run resumes from, not behind a picture that could not be written.
     run.checkpoints.wait()
     evaluation.draw_and_score_digits(run, state, config.num_epochs)
     if config.num_models > 1:
@@ -120,14 +119,12 @@ def _report_start(run: Run) -> None:
 
 
 def _end_epoch(run: Run, record: dict[str, float], signal_name: str | None) -> str | None:
-  """Checks the epoch before it is recorded;
-  the signal that stops the run, if any process got one."""
+  """Checks the epoch before it is recorded; the signal stopping the run, if any process got one."""
   _check_finite(record, run.checkpoints.kept_epochs())
   # Not JAX's reached_preemption_sync_point: it hears no Ctrl-C, and is off in one-process runs.
   assert run.lock is not None, 'a training run holds its lock'
   stop, lock_lost = processes.agree_at_epoch_end(signal_name, run.lock.lost())
-  # A lock another run took over stops the run first: that run explains a save
-  # of this one's failing.
+  # A lock another run took over stops the run first: that run explains this one's failing save.
   run.lock.check(lock_lost)
   run.checkpoints.check()  # A background save that failed stops the run here.
   run.reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.

@@ -104,20 +104,34 @@ def check_port_free(address: str) -> None:
   bind = os.environ.get('JAX_COORDINATOR_BIND_ADDRESS') or f'[::]:{address.rsplit(":", 1)[1]}'
   host, port = bind.rsplit(':', 1)
   host = host.strip('[]')
-  family = socket.AF_INET6 if ':' in host else socket.AF_INET
   try:
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A closed run's port is free.
-      if family == socket.AF_INET6:
-        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-      probe.bind((host, int(port)))
+    _bind_once(host, int(port))
   except OSError as error:
+    if error.errno not in (errno.EADDRINUSE, errno.EACCES):
+      return  # Not ours to judge (a host without IPv6, say): JAX's gRPC has its own ways.
     held = error.errno == errno.EADDRINUSE
     why = ('another program listens there: a run still going, or another job' if held else
-           error.strerror or str(error))
+           f'{error.strerror}: a port below 1024 needs root')
     raise UserError(f'process 0 cannot serve --coordinator_address={address} on port {port} '
                     f'({why}); {"stop it, or " if held else ""}pass a free port in every '
                     'process\'s --coordinator_address') from error
+
+
+def _bind_once(host: str, port: int) -> None:
+  """Binds and lets go of `port` as a listener would, on every address for '::' (IPv4's alone
+  where the machine has no IPv6, as gRPC then does)."""
+  family = socket.AF_INET6 if ':' in host else socket.AF_INET
+  try:
+    probe = socket.socket(family, socket.SOCK_STREAM)
+  except OSError as error:
+    if error.errno != errno.EAFNOSUPPORT or host != '::':
+      raise
+    family, host, probe = socket.AF_INET, '0.0.0.0', socket.socket(socket.AF_INET)
+  with probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # A closed run's port is free.
+    if family == socket.AF_INET6:
+      probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    probe.bind((host, port))
 
 
 def mute_native_stdout() -> None:
