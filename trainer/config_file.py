@@ -166,8 +166,8 @@ def override_problem(config: ml_collections.ConfigDict,
                                             else '') for key, field in value.items())
       return (f'{name} is a group of fields ({inside}), not one; set each on its own: '
               f'--config.{name}.FIELD=VALUE')
-    if isinstance(value, tuple) and isinstance(_literal(text), (dict, set)):
-      return (f'--config.{name}={text} is a {type(_literal(text)).__name__} where a tuple goes; '
+    if isinstance(value, tuple) and isinstance(given := _literal(text), (dict, set)):
+      return (f'--config.{name}={text} is a {type(given).__name__} where a tuple goes; '
               f'write the tuple itself, e.g. --config.{name}="{value!r}"')
   return None
 

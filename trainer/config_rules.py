@@ -6,6 +6,7 @@ import json
 import math
 import numbers
 import shlex
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
@@ -35,6 +36,17 @@ INTEGERS = {
     'num_devices': ('an integer >= 0', lambda n: n >= 0, 'N'),
     'profile_epoch': ('an integer >= 0', lambda n: n >= 0, 'N'),
     'data.max_shift': ('an integer from 0 to 8 pixels', lambda n: 0 <= n <= 8, '1')}
+
+
+def _between(low: float, high: float) -> Callable[[float], bool]:
+  """A range's test with its own ends (a lambda made in a loop would see the loop's last)."""
+  return lambda x: low <= x <= high
+
+
+# Each distortion range's bounds (inclusive) and a value to suggest.
+DISTORTION_RANGES = {'rotation': (0, 180, 15), 'scale': (0, 0.9, 0.1), 'shear': (0, 80, 10),
+                     'translate': (0, 8, 2), 'elastic_alpha': (0, 100, 34),
+                     'elastic_sigma': (0.5, 28, 4)}
 NUMBERS = {
     'learning_rate': ('a finite number > 0', lambda x: x > 0, '1e-3'),
     'momentum': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.9'),
@@ -42,7 +54,9 @@ NUMBERS = {
     'weight_decay': ('a finite number >= 0', lambda x: x >= 0, '0'),
     'checkpoint_min_seconds': ('a finite number >= 0', lambda x: x >= 0, '0'),
     'label_smoothing': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.1'),
-    'model.dropout_rate': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.2')}
+    'model.dropout_rate': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.2'),
+    **{f'data.distort.{name}': (f'a number from {low} to {high}', _between(low, high), str(example))
+       for name, (low, high, example) in DISTORTION_RANGES.items()}}
 # Fields that take a string: what it names, and a value to suggest (a split's syntax: parse_split).
 STRINGS = {'data.dir': ("a folder, or '' for the copy in data/mnist", "''"),
            'data.tfds_data_dir': ("a folder, or '' for TFDS's default", "''"),
@@ -112,20 +126,6 @@ def _check_together(config: ml_collections.ConfigDict) -> None:
                       config.batch_size, str(train_size))
 
 
-# Each distortion range's bounds (inclusive) and a value to suggest.
-DISTORTION_RANGES = {'rotation': (0, 180, 15), 'scale': (0, 0.9, 0.1), 'shear': (0, 80, 10),
-                     'translate': (0, 8, 2), 'elastic_alpha': (0, 100, 34),
-                     'elastic_sigma': (0.5, 28, 4)}
-
-
-def _check_distortion(distort: ml_collections.ConfigDict) -> None:
-  for name, (low, high, example) in DISTORTION_RANGES.items():
-    value = distort[name]
-    if not (_is_number(value) and low <= value <= high):
-      raise ConfigError(f'data.distort.{name}', f'must be a number from {low} to {high}', value,
-                        str(example))
-
-
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (or UserError: the fields, the split parser's) for the first field that
   cannot work."""
@@ -133,7 +133,6 @@ def validate(config: ml_collections.ConfigDict) -> None:
   if problem:
     raise UserError(problem)
   _check_each_field(fields(config))
-  _check_distortion(config.data.distort)
   _check_together(config)
 
 

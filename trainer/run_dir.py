@@ -109,6 +109,7 @@ class RunDirectory:
                       f'a Cloud Storage bucket (gs://BUCKET/PATH), not {scheme.group(1)}://; pass '
                       'one of those')
     self.name = workdir.rstrip('/') if self.remote else os.path.abspath(workdir)
+    self._reached = False  # A bucket answers once: eval_only checks before make() would again.
 
   def __str__(self) -> str:
     return self.name
@@ -147,9 +148,10 @@ class RunDirectory:
   def check_usable(self) -> None:
     """A --workdir naming a file, or a bucket this machine cannot use, is the user's one line
     before the first read or write, not an error of each thing it is used for."""
-    if self.remote:
+    if self.remote and not self._reached:
       reach(self.name)
-    elif os.path.exists(self.name) and not os.path.isdir(self.name):
+      self._reached = True
+    elif not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
       raise UserError(f'the run directory {self.name} is a file; pass a --workdir that names a '
                       'folder')
 
