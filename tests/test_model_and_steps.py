@@ -120,6 +120,10 @@ def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabili
   init_keys, run_keys = steps.member_keys(4, 3)
   members = create(init_keys)
   assert members.step.shape == (3,)
+  for seed in (0, 2**31 - 1, 2**32 - 2):  # Past int32, up to the last seed a config allows.
+    for k, key in enumerate(steps.member_keys(seed, 2)[1]):
+      expected = jax.random.key_data(steps.run_keys(seed + k)[1])
+      assert jax.random.key_data(key).tolist() == expected.tolist()
   for k in range(3):
     init_key, run_key = steps.run_keys(4 + k)
     assert jax.random.key_data(run_keys[k]).tolist() == jax.random.key_data(run_key).tolist()
