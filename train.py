@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
   from errors import start_command
-  start_command('stopped by Ctrl-C while starting; nothing was written')
+  start_command('stopped by {signal} while starting; nothing was written')
 
 import ml_collections  # pylint: disable=wrong-import-position
 from absl import app
@@ -160,9 +160,9 @@ def main(argv: list[str]) -> None:
   try:
     with stop_request, compile_cache.one_warning(warn):
       _run(config, run_dir, stop_request)
-  finally:
-    if stop_request.signal_name:  # Its line is out: a Ctrl-C while Python exits ends it silently.
-      signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+  finally:  # The run's lines are out: a signal while Python exits ends it silently.
+    for number in loop.STOP_SIGNALS:
+      signal.signal(number, lambda number, _: os._exit(128 + number))
 
 
 def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',
