@@ -243,12 +243,13 @@ class _OrbaxReports(logging.Filter):
 
 
 def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
-  """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on)."""
+  """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on); its config
+  as trained, with the fields newer than it."""
   meta = json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
   if not (isinstance(meta, dict) and isinstance(meta.get('fingerprint'), str)
           and isinstance(meta.get('config'), dict) and meta['config']):
     raise MalformedMetadata('it holds no fingerprint, or no config of fields')
-  return meta
+  return {**meta, 'config': config_rules.as_trained(meta['config'])}
 
 
 def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
@@ -270,7 +271,7 @@ def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] 
         raise
       yield epoch, f'its metadata cannot be read ({_why(error)})'
       continue
-    yield epoch, {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
+    yield epoch, config
 
 
 def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
