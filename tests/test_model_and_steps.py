@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from mlp import steps
+from mlp import optim, steps
 from mlp.model import MLP, dropout
 from trainer.run import create_state, learning
 from tests.conftest import make_config
@@ -100,6 +100,15 @@ def test_every_optimizer_follows_warmup_then_cosine_decay(name):
   assert sizes[0] == 0.0  # Warmup starts from a zero learning rate.
   assert max(sizes) == pytest.approx(max(sizes[8:12]), rel=0.3)  # Peak at the end of warmup.
   assert sizes[-1] < 0.05 * max(sizes)  # Cosine decay reaches ~0 at the last step.
+
+
+def test_an_unknown_optimizer_or_schedule_is_refused_by_name_not_trained_as_another():
+  """The library's own refusal, for callers that build a run without train.py's checks."""
+  with pytest.raises(ValueError, match="optimizer must be one of sgd, momentum, adam, adamw, got "
+                                       "'adamx'"):
+    optim.make_optimizer('adamx', optax.constant_schedule(1e-3))
+  with pytest.raises(ValueError, match="schedule must be one of constant, cosine, got 'linear'"):
+    optim.learning_rate_schedule(1e-3, 'linear', 0, 10)
 
 
 def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
