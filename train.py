@@ -68,10 +68,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     config = _CONFIG.value
   except flags.Error as error:
     fail(f'{error}; run python {shown(__file__)} --helpshort for the flags', 2)
-  except ConfigFileFailed as error:
+  except ConfigFileFailed as error:  # The config file's own failures, each worded there.
     fail(str(error), 2)
-  except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
-    fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
   if config is None:
