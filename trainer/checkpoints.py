@@ -84,7 +84,7 @@ def fingerprint(tree: Any) -> str:
 class _MetaSave(ocp.args.CheckpointArgs):
   """A checkpoint's JSON fields, less the fingerprint of `host_tree`, added in orbax's commit."""
   fields: dict[str, Any]
-  host_tree: Any
+  host_tree: Any  # None on the processes other than 0, which write no JSON.
 
 
 class _MetaHandler(ocp.JsonCheckpointHandler):
@@ -107,12 +107,13 @@ class _MetaHandler(ocp.JsonCheckpointHandler):
 
   async def _write(self, path: epath.Path, meta: _MetaSave) -> None:
     """Process 0 writes the JSON, as JsonCheckpointHandler would, once the hash is done."""
+    if not self._primary:
+      return
     fields = {**meta.fields, 'fingerprint': await asyncio.to_thread(fingerprint, meta.host_tree)}
-    if self._primary:
-      try:
-        await asyncio.to_thread(path.write_text, json.dumps(fields))
-      except OSError as error:  # A failed write() does not name the file: the report must.
-        raise OSError(error.errno, error.strerror, str(path)) from error
+    try:
+      await asyncio.to_thread(path.write_text, json.dumps(fields))
+    except OSError as error:  # A failed write() does not name the file: the report must.
+      raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _handlers(primary: bool) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
@@ -345,9 +346,9 @@ class Checkpoints:
     rng = jax.make_array_from_callback(self._run_key.shape, step.sharding,
                                        lambda index: self._run_key[index])
     tree = saved_tree(state, rng)
-    # A copy of our own: the next epoch takes over the state's device buffers.
-    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API},
-                     jax.tree.map(np.array, jax.device_get(tree)))
+    # A copy of our own, for process 0's hash: the next epoch takes over the state's buffers.
+    host_tree = jax.tree.map(np.array, jax.device_get(tree)) if self._primary else None
+    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API}, host_tree)
     with self._save_failures_said():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
