@@ -245,12 +245,15 @@ def import_tensorflow_quietly() -> None:
     raise
 
 
-def start_command(ctrl_c_line: str) -> None:
-  """A command's first step, before its imports: from now on a Ctrl-C ends it at once in
-  `ctrl_c_line` (a KeyboardInterrupt would end in a traceback of whatever it met, an import among
-  them); a module this Python lacks, a library the system will not load, or a machine out of
-  memory or threads, met where no part of the command said so, is one line too."""
-  signal.signal(signal.SIGINT, lambda *_: fail(ctrl_c_line, 130, exit_now=os._exit))
+def start_command(stopped_line: str) -> None:
+  """A command's first step, before its imports: from now on a Ctrl-C or a SIGTERM (a preempted
+  VM's) ends it at once in `stopped_line`, its `{signal}` the one met (a KeyboardInterrupt would end
+  in a traceback of whatever it met, an import among them; a SIGTERM, silently); a module this
+  Python lacks, a library the system will not load, or a machine out of memory or threads, met
+  where no part of the command said so, is one line too."""
+  for number, name in ((signal.SIGINT, 'Ctrl-C'), (signal.SIGTERM, 'SIGTERM')):
+    line, status = stopped_line.format(signal=name), 128 + number
+    signal.signal(number, lambda *_, line=line, status=status: fail(line, status, os._exit))
   default_hook = sys.excepthook
 
   def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:

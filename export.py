@@ -4,9 +4,9 @@ import os
 import signal
 import sys
 
-if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
   from errors import start_command
-  start_command('stopped by Ctrl-C; nothing was exported')
+  start_command('stopped by {signal}; nothing was exported')
 
 from absl import app
 from absl import flags

@@ -5,9 +5,9 @@ import os
 import sys
 import warnings
 
-if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
   from errors import start_command
-  start_command('stopped by Ctrl-C; rerun the same command to classify the images')
+  start_command('stopped by {signal}; rerun the same command to classify the images')
 
 import numpy as np
 from absl import app

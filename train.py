@@ -8,9 +8,9 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if __name__ == '__main__':  # Ctrl-C, or a library missing, is one line, never a traceback.
+if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
   from errors import start_command
-  start_command('stopped by Ctrl-C while starting; nothing was written')
+  start_command('stopped by {signal} while starting; nothing was written')
 
 import ml_collections  # pylint: disable=wrong-import-position
 from absl import app
@@ -68,10 +68,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     config = _CONFIG.value
   except flags.Error as error:
     fail(f'{error}; run python {shown(__file__)} --helpshort for the flags', 2)
-  except ConfigFileFailed as error:
+  except ConfigFileFailed as error:  # The config file's own failures, each worded there.
     fail(str(error), 2)
-  except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
-    fail(f'the config could not be built ({type(error).__name__}: {error})', 2)
   if len(rest) > 1:
     fail(f'unexpected arguments {rest[1:]}; flags look like --config.FIELD=VALUE', 2)
   if config is None:
@@ -160,9 +158,9 @@ def main(argv: list[str]) -> None:
   try:
     with stop_request, compile_cache.one_warning(warn):
       _run(config, run_dir, stop_request)
-  finally:
-    if stop_request.signal_name:  # Its line is out: a Ctrl-C while Python exits ends it silently.
-      signal.signal(signal.SIGINT, lambda *_: os._exit(130))
+  finally:  # The run's lines are out: a signal while Python exits ends it silently.
+    for number in loop.STOP_SIGNALS:
+      signal.signal(number, lambda number, _: os._exit(128 + number))
 
 
 def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',

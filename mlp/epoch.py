@@ -107,8 +107,7 @@ def _score_all(data: Data, batch_size: int, axis_name: str | None,
     return None, score(batches.gather(images, labels, step_indices), mask)
 
   _, sums = jax.lax.scan(body, None, (indices, masks))
-  return jax.tree.map(lambda x: _total(x, axis_name), sums,
-                      is_leaf=lambda x: isinstance(x, dict))
+  return _total(sums, axis_name)
 
 
 def evaluate(state: steps.TrainState, data: Data, *, batch_size: int,

@@ -1039,14 +1039,32 @@ def test_checkpoints_from_before_a_newer_field_count_as_the_default_configs_valu
   """Also keeps the two places that spell these defaults (configs/default.py, the code) in step."""
   saved = config_rules.flat_config(make_config())
   del saved[field]
-  assert config_rules.config_mismatches(saved, config_rules.flat_config(make_config())) == []
+  assert config_rules.config_mismatches(config_rules.as_trained(saved),
+                                        config_rules.flat_config(make_config())) == []
 
 
 def test_checkpoints_from_before_the_dtype_field_count_as_float32():
   saved = config_rules.flat_config(make_config())
   del saved['dtype']
-  assert config_rules.config_mismatches(saved, config_rules.flat_config(
+  assert config_rules.config_mismatches(config_rules.as_trained(saved), config_rules.flat_config(
       make_config(dtype='bfloat16'))) == ['dtype']
+
+
+@pytest.mark.parametrize('eval_only', [False, True])
+def test_a_checkpoint_from_before_a_field_names_the_value_it_trained_with(small_run, tmp_path,
+                                                                         eval_only):
+  """Each path that reads a checkpoint's config (the resume's early check, the restore's own,
+  eval_only's) sees the newer field at the value the checkpoint trained with, never None."""
+  workdir = shutil.copytree(small_run, tmp_path / 'run')
+  for meta_file in workdir.glob(f'*/{checkpoint.META_FILE}'):
+    meta = json.loads(meta_file.read_text())
+    del meta['config']['num_models']  # As a checkpoint saved before the field.
+    meta_file.write_text(json.dumps(meta))
+  config = make_config(**SMALL, num_models=3, eval_only=eval_only)
+  run = evaluation.evaluate_checkpoint if eval_only else loop.train_and_evaluate
+  with pytest.raises(UserError, match=r'was saved with num_models=1, but this run has '
+                                      r'num_models=3; rerun with the checkpoint'):
+    run(config, RunDirectory(workdir))
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from mlp import steps
+from mlp import optim, steps
 from mlp.model import MLP, dropout
 from trainer.run import create_state, learning
 from tests.conftest import make_config
@@ -102,6 +102,15 @@ def test_every_optimizer_follows_warmup_then_cosine_decay(name):
   assert sizes[-1] < 0.05 * max(sizes)  # Cosine decay reaches ~0 at the last step.
 
 
+def test_an_unknown_optimizer_or_schedule_is_refused_by_name_not_trained_as_another():
+  """The library's own refusal, for callers that build a run without train.py's checks."""
+  with pytest.raises(ValueError, match="optimizer must be one of sgd, momentum, adam, adamw, got "
+                                       "'adamx'"):
+    optim.make_optimizer('adamx', optax.constant_schedule(1e-3))
+  with pytest.raises(ValueError, match="schedule must be one of constant, cosine, got 'linear'"):
+    optim.learning_rate_schedule(1e-3, 'linear', 0, 10)
+
+
 def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
   logits = jnp.zeros((1, 10)).at[0, 3].set(2.0)
   labels = jnp.array([3])
@@ -120,6 +129,10 @@ def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabili
   init_keys, run_keys = steps.member_keys(4, 3)
   members = create(init_keys)
   assert members.step.shape == (3,)
+  for seed in (0, 2**31 - 1, 2**32 - 2):  # Past int32, up to the last seed a config allows.
+    for k, key in enumerate(steps.member_keys(seed, 2)[1]):
+      expected = jax.random.key_data(steps.run_keys(seed + k)[1])
+      assert jax.random.key_data(key).tolist() == expected.tolist()
   for k in range(3):
     init_key, run_key = steps.run_keys(4 + k)
     assert jax.random.key_data(run_keys[k]).tolist() == jax.random.key_data(run_key).tolist()

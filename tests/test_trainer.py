@@ -187,14 +187,15 @@ def test_a_one_process_run_exchanges_nothing_between_processes_in_its_epochs(tmp
 
 def test_processes_agree_on_a_stop_and_a_lost_lock_in_one_exchange(monkeypatch):
   """Process 1's view of a two-process run: process 0 was asked to stop and lost its lock."""
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   exchanges = []
 
-  def gather(value: int) -> list[int]:
-    exchanges.append(value)
-    return [2 * signal.SIGTERM.value + 1, value]
+  def gather(values: np.ndarray) -> np.ndarray:
+    exchanges.append(values.tolist())
+    return np.stack([np.array([signal.SIGTERM.value, 1], np.int32), values])
 
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
-  monkeypatch.setattr(processes, '_gather', gather)
+  monkeypatch.setattr(multihost_utils, 'process_allgather', gather)
   assert processes.agree_at_epoch_end(None, False) == ('SIGTERM', True)
-  assert exchanges == [0]
+  assert exchanges == [[0, 0]]
   assert processes.agree_at_epoch_end('SIGINT', False) == ('SIGINT', True)  # Its own comes first.

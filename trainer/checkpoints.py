@@ -84,7 +84,7 @@ def fingerprint(tree: Any) -> str:
 class _MetaSave(ocp.args.CheckpointArgs):
   """A checkpoint's JSON fields, less the fingerprint of `host_tree`, added in orbax's commit."""
   fields: dict[str, Any]
-  host_tree: Any
+  host_tree: Any  # None on the processes other than 0, which write no JSON.
 
 
 class _MetaHandler(ocp.JsonCheckpointHandler):
@@ -107,12 +107,13 @@ class _MetaHandler(ocp.JsonCheckpointHandler):
 
   async def _write(self, path: epath.Path, meta: _MetaSave) -> None:
     """Process 0 writes the JSON, as JsonCheckpointHandler would, once the hash is done."""
+    if not self._primary:
+      return
     fields = {**meta.fields, 'fingerprint': await asyncio.to_thread(fingerprint, meta.host_tree)}
-    if self._primary:
-      try:
-        await asyncio.to_thread(path.write_text, json.dumps(fields))
-      except OSError as error:  # A failed write() does not name the file: the report must.
-        raise OSError(error.errno, error.strerror, str(path)) from error
+    try:
+      await asyncio.to_thread(path.write_text, json.dumps(fields))
+    except OSError as error:  # A failed write() does not name the file: the report must.
+      raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def _handlers(primary: bool) -> ocp.handlers.DefaultCheckpointHandlerRegistry:
@@ -243,12 +244,13 @@ class _OrbaxReports(logging.Filter):
 
 
 def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
-  """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on)."""
+  """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on); its config
+  as trained, with the fields newer than it."""
   meta = json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
   if not (isinstance(meta, dict) and isinstance(meta.get('fingerprint'), str)
           and isinstance(meta.get('config'), dict) and meta['config']):
     raise MalformedMetadata('it holds no fingerprint, or no config of fields')
-  return meta
+  return {**meta, 'config': config_rules.as_trained(meta['config'])}
 
 
 def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
@@ -270,7 +272,7 @@ def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] 
         raise
       yield epoch, f'its metadata cannot be read ({_why(error)})'
       continue
-    yield epoch, {**config_rules.DEFAULTS_OF_NEWER_FIELDS, **config}
+    yield epoch, config
 
 
 def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
@@ -344,9 +346,9 @@ class Checkpoints:
     rng = jax.make_array_from_callback(self._run_key.shape, step.sharding,
                                        lambda index: self._run_key[index])
     tree = saved_tree(state, rng)
-    # A copy of our own: the next epoch takes over the state's device buffers.
-    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API},
-                     jax.tree.map(np.array, jax.device_get(tree)))
+    # A copy of our own, for process 0's hash: the next epoch takes over the state's buffers.
+    host_tree = jax.tree.map(np.array, jax.device_get(tree)) if self._primary else None
+    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API}, host_tree)
     with self._save_failures_said():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))

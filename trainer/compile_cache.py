@@ -50,14 +50,13 @@ def _unwritable(folder: str) -> str | None:
   return None
 
 
-def enable(flag: str | None, warn: Callable[[str], None],
-           environ: Mapping[str, str] = os.environ) -> str | None:
+def enable(flag: str | None, warn: Callable[[str], None]) -> str | None:
   """Points JAX's cache at the chosen folder, before anything compiles; returns it (None: off).
 
   A folder that cannot be written is one warning, and the run compiles every program itself.
   """
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
-  folder = choose_folder(flag, environ)
+  folder = choose_folder(flag, os.environ)
   problem = _unwritable(folder) if folder else None
   if problem:
     warn(f'the compilation cache {folder} cannot be used ({problem}); this run compiles every '
@@ -68,7 +67,7 @@ def enable(flag: str | None, warn: Callable[[str], None],
   jax.config.update('jax_enable_compilation_cache', True)
   jax.config.update('jax_compilation_cache_dir', folder)
   for name, value in SETTINGS.items():
-    if name.upper() not in environ:
+    if name.upper() not in os.environ:
       jax.config.update(name, value)
   return folder
 

@@ -30,9 +30,8 @@ class ConfigFileParser(flags.ArgumentParser):
   file's code failing, a field it lacks, an override naming no field (ml_collections applies them
   next)."""
 
-  def __init__(self, loader: flags.ArgumentParser, flag_name: str = 'config'):
+  def __init__(self, loader: flags.ArgumentParser):
     self.loader = loader
-    self.flag_name = flag_name
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     file = os.path.abspath(argument.split(':', 1)[0])
@@ -48,7 +47,7 @@ class ConfigFileParser(flags.ArgumentParser):
     (`--config.model.dropout_rate=0.1`: model.dropout_rate, '0.1'), found in sys.argv as
     ml_collections finds them there; a field set twice, twice (a tuple's values join)."""
     arguments = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
-    pattern = re.compile(rf'-{{1,2}}(?:no)?{re.escape(self.flag_name)}\.([^=]+)(?:=(.*))?', re.S)
+    pattern = re.compile(r'-{1,2}(?:no)?config\.([^=]+)(?:=(.*))?', re.S)
     given = []
     for argument, following in zip(arguments, [*arguments[1:], None]):
       if found := pattern.fullmatch(argument):  # `--config.FIELD VALUE`: the value follows.

@@ -158,10 +158,14 @@ def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
       {name: tuple(v) if isinstance(v, list) else v for name, v in flat.items()}, sep='.'))
 
 
+def as_trained(saved: dict[str, Any]) -> dict[str, Any]:
+  """A checkpoint's flat config with the fields newer than it at the values it trained with."""
+  return {**DEFAULTS_OF_NEWER_FIELDS, **saved}
+
+
 def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
   """The fields, other than FREE_FIELDS, whose values differ; absent fields count as different."""
   absent = object()
-  saved = {**DEFAULTS_OF_NEWER_FIELDS, **saved}
   return [name for name in sorted((saved.keys() | current.keys()) - FREE_FIELDS)
           if saved.get(name, absent) != current.get(name, absent)]
 

@@ -171,12 +171,13 @@ def agree_at_epoch_end(signal_name: str | None, lock_lost: bool) -> tuple[str | 
   Orbax's save needs every process at one epoch: a preempted host may be the only one signalled;
   without this, it would wait in the checkpoint save for peers that train on."""
   import jax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return signal_name, lock_lost
-  seen = _gather(2 * (signal.Signals[signal_name].value if signal_name else 0) + int(lock_lost))
-  asked = max(value // 2 for value in seen)
-  return (signal_name or (signal.Signals(asked).name if asked else None),
-          any(value % 2 for value in seen))
+  signals, locks_lost = np.reshape(multihost_utils.process_allgather(np.array(
+      [signal.Signals[signal_name].value if signal_name else 0, lock_lost], np.int32)), (-1, 2)).T
+  asked = int(signals.max())  # A row per process: its signal's number (0: none), its lock lost.
+  return signal_name or (signal.Signals(asked).name if asked else None), bool(locks_lost.any())
 
 
 def check_same_checkpoints(newest_epoch: int) -> None:

@@ -167,7 +167,6 @@ def figures(sums: dict[str, Any]) -> dict[str, Any]:
 class Epochs:
   """A config's epochs on its devices, built once by `compile_epochs`, global arrays in and out,
   replicated; no state: an epoch consumes (donates) the state it starts from."""
-  mode: str  # 'jit', 'mesh' or 'pmap'.
   mesh: Mesh
   learning: Learning
   init_key: jax.Array  # Initializes a fresh model (members: one key each, stacked).
@@ -239,7 +238,7 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
     eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
                                               axis_name=axis), mesh, mode, (template, eval_data),
                             donate=False)
-  return Epochs(mode, mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
+  return Epochs(mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
                 template, train_program, eval_program, _placement(config, mode, mesh),
                 time.perf_counter() - start)
 
