@@ -1,8 +1,4 @@
-"""Training-image augmentation on the device, a function of (seed, epoch, example) only.
-
-Keyed by the example, not its batch or device, so any device count trains the same images and a
-resumed run replays them exactly.
-"""
+"""Training-image augmentation on the device, a function of (seed, epoch, example) only."""
 
 import dataclasses
 from typing import Callable
@@ -11,12 +7,10 @@ import jax
 import jax.numpy as jnp
 from jax.scipy import ndimage
 
+from mlp import randomness
+
 SIDE = 28
 Augment = Callable[[jax.Array], jax.Array]
-# Each purpose's key is jax.random.fold_in(its parent key, the purpose's number), never a split.
-# fold_in(key, i) is split(key)[i] under JAX's default jax_threefry_partitionable: keys as before.
-ORDER, DROPOUT, SHIFT, DISTORTION = range(4)  # Purposes of the run's key.
-AFFINE, FIELD = range(2)  # Purposes of an example's distortion key.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,16 +27,11 @@ class Distortion:
     return any((self.rotation, self.scale, self.shear, self.translate, self.elastic_alpha))
 
 
-def example_keys(key: jax.Array, time: jax.Array | int, indices: jax.Array) -> jax.Array:
-  """One key per example of the batch, (key, epoch or step, example): whatever batch or device."""
-  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.fold_in(key, time), indices)
-
-
 def shift_offsets(key: jax.Array, epoch: jax.Array, indices: jax.Array,
                   max_shift: int) -> jax.Array:
   """Per-example (dy, dx) in [0, 2 * max_shift]."""
   draw = lambda k: jax.random.randint(k, (2,), 0, 2 * max_shift + 1)
-  return jax.vmap(draw)(example_keys(key, epoch, indices))
+  return jax.vmap(draw)(randomness.example_keys(key, epoch, indices))
 
 
 def shift(pixels: jax.Array, offsets: jax.Array, max_shift: int) -> jax.Array:
@@ -70,7 +59,8 @@ def _affine(draws: jax.Array, d: Distortion) -> tuple[jax.Array, jax.Array]:
 
 def source_coordinates(key: jax.Array, d: Distortion) -> jax.Array:
   """[2, 28, 28]: where each output pixel reads the input image, (row, column), for one example."""
-  affine_key, field_key = jax.random.fold_in(key, AFFINE), jax.random.fold_in(key, FIELD)
+  affine_key = jax.random.fold_in(key, randomness.AFFINE)
+  field_key = jax.random.fold_in(key, randomness.FIELD)
   matrix, offset = _affine(jax.random.uniform(affine_key, (5,), minval=-1.0, maxval=1.0), d)
   centre = (SIDE - 1) / 2
   grid = jnp.stack(jnp.meshgrid(jnp.arange(SIDE), jnp.arange(SIDE), indexing='ij')) - centre
@@ -96,10 +86,12 @@ def augmenter(seed_key: jax.Array, epoch: jax.Array, indices: jax.Array, max_shi
   """The batch's augmentation of [0, 1] pixels: the shift, then the distortion; None when off."""
   parts: list[Augment] = []
   if max_shift:
-    offsets = shift_offsets(jax.random.fold_in(seed_key, SHIFT), epoch, indices, max_shift)
+    shift_key = jax.random.fold_in(seed_key, randomness.SHIFT)
+    offsets = shift_offsets(shift_key, epoch, indices, max_shift)
     parts.append(lambda pixels: shift(pixels, offsets, max_shift))
   if distortion:
-    keys = example_keys(jax.random.fold_in(seed_key, DISTORTION), epoch, indices)
+    distortion_key = jax.random.fold_in(seed_key, randomness.DISTORTION)
+    keys = randomness.example_keys(distortion_key, epoch, indices)
     parts.append(lambda pixels: distort(pixels, keys, distortion))
   if not parts:
     return None

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from mlp import augment
 from mlp import batches
+from mlp import randomness
 from mlp import steps
 
 
@@ -45,25 +46,18 @@ def epoch_plan(seed_key: jax.Array, epoch: jax.Array, num_examples: int, batch_s
   `shard` is (this shard, the number of shards). Any loop that follows the plan with `train_batch`
   trains exactly as `train_epoch` does.
   """
-  order_key = jax.random.fold_in(seed_key, augment.ORDER)
-  dropout_key = jax.random.fold_in(seed_key, augment.DROPOUT)
+  order_key = jax.random.fold_in(seed_key, randomness.ORDER)
+  dropout_key = jax.random.fold_in(seed_key, randomness.DROPOUT)
   order = batches.epoch_permutation(order_key, epoch, num_examples)
   return batches.shard_steps(order, batch_size, shard[1], shard[0]), dropout_key
-
-
-def dropout_keys(dropout_key: jax.Array, step: jax.Array | int, indices: jax.Array) -> jax.Array:
-  """One dropout key per example, a function of (seed, step, example) only, like the pixel shifts.
-
-  Keyed by the example, not the device, so any number of devices and processes draws the same masks.
-  """
-  return augment.example_keys(dropout_key, step, indices)
 
 
 def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
                 dropout_key: jax.Array,
                 spec: EpochSpec) -> tuple[steps.TrainState, steps.Metrics]:
-  """One step on the examples `indices` names, whose masks follow (key, global step, example)."""
-  return steps.train_step(state, batch, dropout_keys(dropout_key, state.step, indices),
+  """One step on the examples `indices` names, whose masks follow (key, global step, example): any
+  number of devices and processes draws the same masks."""
+  return steps.train_step(state, batch, randomness.example_keys(dropout_key, state.step, indices),
                           spec.axis_name, spec.label_smoothing)
 
 

@@ -26,19 +26,6 @@ class TrainState(nnx.TrainState):
     return nnx.merge(self.graphdef, self.params if params is None else params)
 
 
-def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-  """The two keys a run derives from its seed: one initializes the model, one drives every epoch."""
-  init_key, run_key = jax.random.split(jax.random.key(seed))
-  return init_key, run_key
-
-
-def member_keys(seed: int, count: int) -> tuple[jax.Array, jax.Array]:
-  """Members' keys stacked [count]: member k's are seed + k's run keys, so it trains as that run."""
-  # In one vectorized call: a key at a time took minutes for thousands of members.
-  seeds = jnp.uint32(seed) + jnp.arange(count, dtype=jnp.uint32)  # seed + count <= 2**32.
-  return jax.vmap(run_keys)(seeds)
-
-
 def create_train_state(make_model: Callable[..., MLP], tx: optax.GradientTransformation,
                        rng: jax.Array) -> TrainState:
   """Initial parameters from `rng`, and the optimizer's state for them: step 0 of a run."""

@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 from etils import epath
 
-from mlp import steps
+from mlp import randomness
 from trainer import checkpoints as checkpoint
 from trainer import config_rules
 from trainer import run_dir as run_dir_module
@@ -75,7 +75,7 @@ def small_copy(small_run, tmp_path):
 
 def run_key(config):
   """The key a run of the config saves, which its checkpoints are checked against."""
-  return steps.run_keys(config.seed)[1]
+  return randomness.run_keys(config.seed)[1]
 
 
 def restore(workdir, config):
@@ -755,7 +755,7 @@ def resave_newest_the_old_way(workdir, config, run_seed: int, **more) -> dict:
   the run directory's snapshot after."""
   newest = restore(workdir, config)
   shutil.rmtree(workdir / '3')
-  save_the_old_way(workdir, 3, newest.state, jax.random.key_data(steps.run_keys(run_seed)[1]),
+  save_the_old_way(workdir, 3, newest.state, jax.random.key_data(randomness.run_keys(run_seed)[1]),
                    config, **more)
   return snapshot(workdir)
 
@@ -784,7 +784,7 @@ def test_a_checkpoint_saved_the_old_way_with_the_nnx_model_restores_and_resumes_
   assert saved.epoch == 2
   shutil.rmtree(small_copy / '2')
   save_the_old_way(small_copy, 2, saved.state,
-                   jax.random.key_data(steps.run_keys(config.seed)[1]), config,
+                   jax.random.key_data(randomness.run_keys(config.seed)[1]), config,
                    model=checkpoint.MODEL_API)
   again = restore(small_copy, config)
   assert again.epoch == 2 and 'checkpoint_min_seconds' not in again.config

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mlp import augment
+from mlp import randomness
 from mlp import batches
 from data import idx
 from data.idx import load_idx
@@ -271,7 +272,7 @@ def test_shifted_images_move_each_way_equally_often_by_up_to_max_shift():
 
 def drawn_coordinates(distortion: augment.Distortion, count: int = 4000) -> np.ndarray:
   """The source coordinates of `count` examples' distortions, [count, 2, 28, 28]."""
-  keys = augment.example_keys(jax.random.key(1), jnp.int32(1), jnp.arange(count))
+  keys = randomness.example_keys(jax.random.key(1), jnp.int32(1), jnp.arange(count))
   # lax.map, not vmap: the same draws, compiled several times faster.
   draw = jax.jit(lambda keys: jax.lax.map(lambda key: augment.source_coordinates(key, distortion),
                                           keys))
@@ -330,13 +331,13 @@ def test_a_distortion_of_zeros_leaves_every_image_as_it_was():
   assert augment.augmenter(jax.random.key(0), jnp.int32(1), jnp.arange(4), 0,
                            augment.Distortion()) is None
   pixels = _digits(4)
-  keys = augment.example_keys(jax.random.key(0), jnp.int32(1), jnp.arange(4))
+  keys = randomness.example_keys(jax.random.key(0), jnp.int32(1), jnp.arange(4))
   np.testing.assert_allclose(augment.distort(pixels, keys, augment.Distortion()), pixels, atol=1e-6)
 
 
 def test_a_distortion_moves_ink_without_making_or_losing_much_of_it():
   pixels = _digits(64)
-  keys = augment.example_keys(jax.random.key(0), jnp.int32(1), jnp.arange(64))
+  keys = randomness.example_keys(jax.random.key(0), jnp.int32(1), jnp.arange(64))
   moved = np.asarray(augment.distort(pixels, keys, DISTORTION))
   assert moved.min() >= 0 and moved.max() <= 1
   changed = np.abs(moved - np.asarray(pixels)).sum(axis=1) / np.asarray(pixels).sum(axis=1)

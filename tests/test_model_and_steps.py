@@ -7,7 +7,7 @@ import optax
 import pytest
 from flax import nnx
 
-from mlp import optim, steps
+from mlp import optim, randomness, steps
 from mlp.model import MLP, dropout
 from trainer.run import create_state, learning
 from tests.conftest import make_config
@@ -126,15 +126,15 @@ def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
 def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabilities():
   recipe = learning(make_config(model__hidden_sizes=(16,)), steps_per_epoch=10)
   create = jax.jit(lambda key: create_state(recipe, key))  # Eager initialization takes seconds.
-  init_keys, run_keys = steps.member_keys(4, 3)
+  init_keys, run_keys = randomness.member_keys(4, 3)
   members = create(init_keys)
   assert members.step.shape == (3,)
   for seed in (0, 2**31 - 1, 2**32 - 2):  # Past int32, up to the last seed a config allows.
-    for k, key in enumerate(steps.member_keys(seed, 2)[1]):
-      expected = jax.random.key_data(steps.run_keys(seed + k)[1])
+    for k, key in enumerate(randomness.member_keys(seed, 2)[1]):
+      expected = jax.random.key_data(randomness.run_keys(seed + k)[1])
       assert jax.random.key_data(key).tolist() == expected.tolist()
   for k in range(3):
-    init_key, run_key = steps.run_keys(4 + k)
+    init_key, run_key = randomness.run_keys(4 + k)
     assert jax.random.key_data(run_keys[k]).tolist() == jax.random.key_data(run_key).tolist()
     alone = create(init_key)
     for a, b in zip(jax.tree.leaves(alone.params), jax.tree.leaves(members.params)):
@@ -146,6 +146,6 @@ def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabili
   ensemble = jax.nn.softmax(ensemble_logits(members, images))
   np.testing.assert_allclose(ensemble, np.mean(each, axis=0), rtol=1e-6, atol=1e-7)
   assert not np.allclose(each[0], each[1])  # Three models, not one.
-  lone = create(steps.run_keys(4)[0])
+  lone = create(randomness.run_keys(4)[0])
   # One model: its own logits.
   np.testing.assert_array_equal(ensemble_logits(lone, images), predict(lone, images))

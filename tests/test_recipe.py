@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from data.mnist import Examples, load_splits
-from mlp import augment, batches, epoch, steps
+from mlp import augment, batches, epoch, randomness, steps
 from mlp.model import MLP
 from trainer.run import compile_epochs, epoch_spec, learning
 from tests.conftest import make_config
@@ -68,14 +68,14 @@ def first_batch(config: ml_collections.ConfigDict,
                 train: Examples) -> tuple[steps.Batch, jax.Array]:
   """The first batch, augmented as the config says, and its dropout keys, from the seed."""
   distortion = augment.Distortion(**config.data.distort)
-  run_key = steps.run_keys(config.seed)[1]
+  run_key = randomness.run_keys(config.seed)[1]
 
   def make(images, labels):
     order, dropout_key = epoch.epoch_plan(run_key, jnp.int32(1), len(labels), config.batch_size)
     augmented = augment.augmenter(run_key, jnp.int32(1), order[0], config.data.max_shift,
                                   distortion)
     batch = batches.gather(images, labels, order[0], augmented)
-    return batch, epoch.dropout_keys(dropout_key, 0, order[0])
+    return batch, randomness.example_keys(dropout_key, 0, order[0])
 
   return jax.jit(make)(train.images, train.labels)
 

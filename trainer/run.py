@@ -17,7 +17,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples, load_splits
 from errors import ConfigError
-from mlp import augment, batches, epoch, optim, steps
+from mlp import augment, batches, epoch, optim, randomness, steps
 from mlp.model import MLP
 from trainer import processes
 from trainer.backend import machine_limits_said
@@ -133,8 +133,8 @@ def keys_of(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
   """The run's init and run keys: its seed's, or with num_models > 1, member k's from seed + k,
   stacked."""
   if config.num_models == 1:
-    return steps.run_keys(config.seed)
-  return steps.member_keys(config.seed, config.num_models)
+    return randomness.run_keys(config.seed)
+  return randomness.member_keys(config.seed, config.num_models)
 
 
 def template_of(recipe: Learning, mesh: Mesh, num_models: int = 1) -> steps.TrainState:
