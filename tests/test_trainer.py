@@ -168,6 +168,21 @@ def test_an_epoch_moves_nothing_between_host_and_devices_unasked(mnist_dir):
   assert 0 < train_metrics['loss'] < 5 and 0 < eval_metrics['loss'] < 5
 
 
+@pytest.mark.parametrize('parallel', ['jit', 'mesh', 'pmap'])
+def test_an_epoch_consumes_the_state_it_starts_from_in_every_mode(parallel, mnist_dir):
+  """Donated: its buffers become the new state's, so a run holds one state, not two (under pmap
+  too, which once kept both)."""
+  config = make_config(parallel=parallel, data__train_split='train[:256]',
+                       data__eval_split='test[:100]')
+  train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
+  epochs = compile_epochs(config, train, evaluation)
+  start = epochs.fresh_state()
+  state, _ = epochs.train_epoch(start, 1)
+  assert all(leaf.is_deleted() for leaf in jax.tree.leaves(start))
+  assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+  assert not any(leaf.is_deleted() for leaf in epochs.train_data)  # The data stays resident.
+
+
 def test_a_one_process_run_exchanges_nothing_between_processes_in_its_epochs(tmp_path, monkeypatch,
                                                                              mnist_dir):
   """The collectives of a run come at its start (the lock, the folder, the checkpoints), never per

@@ -84,11 +84,12 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
   """The per-device function as one compiled program for the whole mesh: replicated in and out."""
   donated = (0,) if donate else ()
   if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
-    mapped = jax.pmap(lambda _, args: per_device(*args), AXIS, in_axes=(0, None), out_axes=None,
-                      devices=list(mesh.devices.flat))
+    mapped = jax.pmap(lambda _, first, rest: per_device(first, *rest), AXIS,
+                      in_axes=(0, None, None), out_axes=None, devices=list(mesh.devices.flat),
+                      donate_argnums=tuple(1 + i for i in donated))
     index = jax.device_put(np.arange(mesh.size), NamedSharding(mesh, P(AXIS)))
-    compiled = mapped.lower(index, args).compile()
-    return lambda *args: compiled(index, args)
+    compiled = mapped.lower(index, args[0], args[1:]).compile()
+    return lambda first, *rest: compiled(index, first, rest)
   if mode == 'mesh':
     # check_vma=False keeps pmap's meaning of the per-device code: jax.grad of replicated params
     # is each device's own gradient, which train_step averages with pmean. (With varying-axis
