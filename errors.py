@@ -4,60 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import os
-import re
 import resource
 import shlex
-import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
 
-
-PROJECT_ROOT = os.path.dirname(os.path.abspath(__file__))
-
-# Other libraries' errors that only their text tells apart (no exception type or status code of
-# their own), all here; each is provoked from the pinned versions (tests/test_library_errors.py).
-# Tensorstore's (through orbax): the OS's reason in its error text, and its status for ENOSPC and
-# EDQUOT.
-TENSORSTORE_OS_REASON = re.compile(r':\s*([^:\[\]]+?)\s*\[os_error_code')
-TENSORSTORE_SPACE_STATUS = 'RESOURCE_EXHAUSTED'
-TENSORSTORE_DENIED_STATUS = 'PERMISSION_DENIED'  # A file this user may not read.
-# Tensorstore's statuses for bytes that are missing, cut short or wrong, in plain ValueErrors that
-# orbax passes on or quotes: 'NOT_FOUND: Error reading ...', 'Truncated Zstd-compressed stream', and
-# a chunk that no longer decodes: 'FAILED_PRECONDITION: ... ZSTD_decompressStream() failed: Data
-# corruption detected' (or 'Unknown frame descriptor').
-TENSORSTORE_DAMAGE_STATUS = re.compile(
-    r'^(NOT_FOUND|DATA_LOSS|OUT_OF_RANGE):|Truncated \S+ stream|ZSTD_decompressStream\(\) failed',
-    re.M)
-# Orbax's ValueErrors for a saved tree that differs from the one asked for: 'User-provided restore
-# item and on-disk value metadata tree structures do not match', 'Requested shape: (256,) is not
-# compatible with the stored shape: (512,)', and jax's 'pytree structure error: ...' under orbax.
-ORBAX_TREE_MISMATCH = re.compile(
-    r'tree structures do not match|pytree structure|not compatible with the stored shape')
-# Orbax's warning of a step folder without _CHECKPOINT_METADATA: a checkpoint not written whole.
-ORBAX_NO_STEP_METADATA = 'Metadata file does not exist'
-# Orbax's warning when a checkpoint it is to delete is already gone (removed by hand): the folder.
-ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under (.+)\.$', re.S)
-# XLA's words when a device (on the CPU, the machine) cannot allocate a buffer: 'RESOURCE_EXHAUSTED:
-# Out of memory while trying to allocate N bytes' or '... Failed to allocate request for ...' on a
-# GPU, 'Out of memory allocating N bytes' on the CPU (after 'INTERNAL: ...' from a running program).
-DEVICE_OUT_OF_MEMORY = re.compile(r'RESOURCE_EXHAUSTED|Out of memory')
-# Python's RuntimeError when the OS will not start another thread (memory, or a limit of processes).
-THREAD_REFUSED = "can't start new thread"
-# The system's words (glibc's dlerror) when a compiled library cannot be mapped into the process:
-# its filesystem is mounted noexec, or the process's memory limit or the machine's memory is spent.
-LIBRARY_UNMAPPED = re.compile(r'^(.+?): failed to map segment from shared object')
-# Asyncio's RuntimeError when a thread finishes work for an event loop that was closed.
-ASYNCIO_LOOP_CLOSED = 'Event loop is closed'
-# JAX's warning when its persistent compilation cache cannot be read or written.
-JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation cache')
-# What a collective (gloo), or a barrier of JAX's coordination service, fails with once a peer is
-# gone; and the first line of JAX's abort when that service reports a lost process.
-PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
-                       r'heartbeat|[Bb]arrier')
-JAX_ABORT = b'Terminating process because the JAX distributed service detected fatal errors'
+from library_errors import LIBRARY_UNMAPPED, TENSORSTORE_OS_REASON, TENSORSTORE_SPACE_STATUS
+from library_errors import THREAD_REFUSED
 
 
 def causes(error: BaseException | None) -> Iterator[BaseException]:
@@ -210,142 +165,7 @@ def output_lost(error: OSError, stream: TextIO) -> UserError | None:
                    'redirected, then rerun the same command')
 
 
-@contextlib.contextmanager
-def native_stderr_muted() -> Iterator[None]:
-  """Keeps other libraries' C++ logs off the user's lines: they write to file descriptor 2, and
-  TensorFlow 2.19 and later log at import whatever TF_CPP_MIN_LOG_LEVEL says. What Python writes
-  meanwhile (a Ctrl-C's line, a library's warning) still reaches the user through sys.stderr."""
-  python_stderr = sys.stderr
-  python_stderr.flush()
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  kept = os.dup(2)
-  sys.stderr = open(kept, 'w', buffering=1, errors='backslashreplace', closefd=False)
-  os.dup2(devnull, 2)
-  try:
-    yield
-  finally:
-    os.dup2(kept, 2)
-    sys.stderr.close()  # Flushed; `kept` stays open until here.
-    sys.stderr = python_stderr
-    os.close(kept)
-    os.close(devnull)
-
-
-def import_tensorflow_quietly() -> None:
-  """Imports TensorFlow (ImportError passed on, but for a library the system would not load: its
-  UserError) with its C++ start-up notes muted, and its later logs kept to warnings and errors: its
-  own notes are no line of ours."""
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  try:
-    with native_stderr_muted():
-      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; an extra's
-  except ImportError as error:
-    if line := library_unmapped(error):  # Not the extra missing: TensorFlow's libraries are large.
-      raise UserError(line) from error
-    raise
-
-
-def start_command(stopped_line: str) -> None:
-  """A command's first step, before its imports: from now on a Ctrl-C or a SIGTERM (a preempted
-  VM's) ends it at once in `stopped_line`, its `{signal}` the one met (a KeyboardInterrupt would end
-  in a traceback of whatever it met, an import among them; a SIGTERM, silently); a module this
-  Python lacks, a library the system will not load, or a machine out of memory or threads, met
-  where no part of the command said so, is one line too."""
-  for number, name in ((signal.SIGINT, 'Ctrl-C'), (signal.SIGTERM, 'SIGTERM')):
-    line, status = stopped_line.format(signal=name), 128 + number
-    signal.signal(number, lambda *_, line=line, status=status: fail(line, status, os._exit))
-  default_hook = sys.excepthook
-
-  def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:
-    try:
-      line = (missing_module(error) if isinstance(error, ModuleNotFoundError) else
-              library_unmapped(error) or host_limit(error) if isinstance(error, Exception) else
-              None)
-    except Exception:  # pylint: disable=broad-except; the error itself is what matters here
-      line = None
-    if line is None:
-      default_hook(kind, error, trace)
-    else:
-      print(f'error: {line}', file=sys.stderr, flush=True)  # Python's exit status: 1.
-  sys.excepthook = one_line_for_the_set_up_or_the_machine
-
-
-def missing_module(error: ModuleNotFoundError) -> str | None:
-  """The line for a module this Python lacks, as where a command is run without the project's
-  environment; None for a module of the project's own (a fault of the code, not of the set-up)."""
-  name = error.name or ''
-  top = name.split('.')[0]
-  if not top or any(os.path.isfile(os.path.join(PROJECT_ROOT, *path))
-                    for path in ((top, '__init__.py'), (f'{top}.py',))):
-    return None
-  python = shown(sys.executable)
-  if top in getattr(sys, 'stdlib_module_names', ()):  # Python 3.10 and later know theirs.
-    return (f'this Python ({python}) was built without its standard module {name!r} (a system '
-            'library was missing as it was compiled); make the environment with another Python: '
-            'make clean-env train PYTHON=/path/to/python3.12')
-  what = (f"this Python's {top} has no module {name!r} (another version than the project pins?)"
-          if top != name and _installed(top) else f'this Python ({python}) has no module {name!r}')
-  venv = os.path.join(PROJECT_ROOT, '.venv')
-  reinstall = f'{python} -m pip install -r {shown(os.path.join(PROJECT_ROOT, "requirements.txt"))}'
-  if os.path.realpath(sys.prefix) == os.path.realpath(venv):
-    return f'{what}, which this project needs; install its requirements again: {reinstall}'
-  fix = (f'run the command with the Python of its environment (make train makes it): '
-         f'{shown(os.path.join(venv, "bin", "python"))} {shlex.join(sys.argv)}')
-  if sys.prefix != sys.base_prefix and sys.version_info >= (3, 11):  # A virtual environment.
-    fix += f', or install the requirements into this one: {reinstall}'
-  return f'{what}, which this project needs; {fix}'
-
-
-def _installed(module: str) -> bool:
-  try:
-    return importlib.util.find_spec(module) is not None
-  except (ImportError, ValueError):
-    return False
-
-
 def shown(path: str) -> str:
   """A path as the user may type it from here: relative below this folder, else absolute; quoted."""
   relative = os.path.relpath(path)
   return shlex.quote(os.path.abspath(path) if relative.startswith('..') else relative)
-
-
-def fail(message: str, status: int, exit_now: Callable[[int], None] = sys.exit) -> None:
-  """Ends the program with the one line a user sees for their mistake."""
-  print(f'error: {" ".join(message.split())}', file=sys.stderr, flush=True)
-  exit_now(status)
-
-
-HELP_FLAGS = frozenset({'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'})
-
-
-def parse_or_help(argv: list[str]) -> list[str]:
-  """absl's parsing for every command: --help and its kin end the program once the help is written
-  (0, or where it could not be written, that line, never blaming a flag), and absl then logs
-  warnings and errors only. A mistake raises absl's flags.Error; returns the arguments left over."""
-  from absl import flags  # pylint: disable=g-import-not-at-top; the library raises, never parses
-  try:
-    rest = flags.FLAGS(argv)
-  except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
-    sys.exit(0 if HELP_FLAGS & set(argv) else done.code)
-  except OSError as error:  # Of the flags' parsing only the help writes (to stdout).
-    if not HELP_FLAGS & set(argv):
-      raise
-    lost = output_lost(error, sys.stdout)
-    if lost:
-      fail(str(lost), 1)
-    sys.exit(0)  # A reader that has gone (`| head -3`) read what it wanted.
-  if flags.FLAGS['verbosity'].using_default_value:
-    # Warnings and errors only (orbax logs every save at info); --verbosity=0 shows info logs.
-    # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
-    flags.FLAGS.verbosity = -1  # type: ignore[assignment]
-  return rest
-
-
-def parse_tool_flags(argv: list[str], usage: str) -> list[str]:
-  """Flags of predict.py, export.py and the benchmarks: a mistake is one line with the usage."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  try:
-    rest = parse_or_help(argv)
-  except flags.Error as error:
-    fail(f'{error}; usage: {usage}', 2)
-  return rest

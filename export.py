@@ -5,13 +5,14 @@ import signal
 import sys
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from errors import start_command
+  from command import start_command
   start_command('stopped by {signal}; nothing was exported')
 
 from absl import app
 from absl import flags
 
-from errors import UserError, fail, parse_tool_flags, say, shown
+from command import fail, parse_tool_flags
+from errors import UserError, say, shown
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
 
 _WORKDIR = flags.DEFINE_string(

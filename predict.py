@@ -6,14 +6,15 @@ import sys
 import warnings
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from errors import start_command
+  from command import start_command
   start_command('stopped by {signal}; rerun the same command to classify the images')
 
 import numpy as np
 from absl import app
 from absl import flags
 
-from errors import UserError, fail, parse_tool_flags, say, shown
+from command import fail, parse_tool_flags
+from errors import UserError, say, shown
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from errors import start_command
+  from command import start_command
   start_command('stopped by {signal} while starting; nothing was written')
 
 import ml_collections  # pylint: disable=wrong-import-position
@@ -17,7 +17,8 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from errors import ConfigError, UserError, fail, parse_or_help, say, shown
+from command import fail, parse_or_help
+from errors import ConfigError, UserError, say, shown
 from trainer.config_file import ConfigFileFailed, ConfigFileParser, pass_a_config
 
 if TYPE_CHECKING:

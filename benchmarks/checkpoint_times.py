@@ -28,7 +28,8 @@ import jax
 from benchmarks import workload
 from configs import default
 from data.mnist import load_split
-from errors import UserError, fail
+from command import fail
+from errors import UserError
 from mlp import steps
 from trainer import checkpoints as checkpoint
 from trainer import reporting

@@ -34,7 +34,7 @@ _ROWS = flags.DEFINE_integer('rows', 14, "How many of the project's functions to
 # Where Python and JAX spend a launch's time outside this project: (file's ending, function).
 OUTSIDE = {'imports': ('<frozen importlib._bootstrap>', '_find_and_load'),
            "JAX's backends": ('xla_bridge.py', 'backends')}
-OURS = ('train.py', '/trainer/', '/data/', '/mlp/', '/errors.py')
+OURS = ('train.py', '/trainer/', '/data/', '/mlp/', '/errors.py', '/command.py', '/native_logs.py')
 
 
 def launch(args: list[str], cache: str, out: pathlib.Path, name: str) -> float:

@@ -26,7 +26,8 @@ from absl import flags
 
 from benchmarks import workload
 from benchmarks.workload import ROOT
-from errors import UserError, fail
+from command import fail
+from errors import UserError
 
 _NUM_MODELS = flags.DEFINE_integer('num_models', 3, 'Members of the side-by-side run (2 or more).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed epochs of each (at least 3).')

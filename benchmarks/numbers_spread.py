@@ -25,7 +25,7 @@ from absl import app
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from errors import fail
+from command import fail
 
 RUNS = ROOT / 'tests' / 'golden' / 'default_train8000'
 TIMINGS = ('epoch_seconds', 'train_images_per_second')

@@ -36,7 +36,8 @@ import ml_collections
 
 from data.mnist import Examples
 from benchmarks import workload
-from errors import UserError, fail
+from command import fail
+from errors import UserError
 from mlp import batches
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')

@@ -25,7 +25,7 @@ from absl import app
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from errors import fail
+from command import fail
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
 _ALSO = flags.DEFINE_list('also', [], 'More config files, each trained as it is.')

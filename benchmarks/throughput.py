@@ -46,7 +46,8 @@ from mlp import epoch as epoch_lib
 from mlp import steps
 from benchmarks import workload
 from benchmarks.workload import ROOT
-from errors import UserError, fail
+from command import fail
+from errors import UserError
 from mlp import batches
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')

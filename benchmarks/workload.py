@@ -18,7 +18,8 @@ from jax.sharding import Mesh
 from configs import default
 from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
-from errors import UserError, fail, parse_tool_flags
+from command import fail, parse_tool_flags
+from errors import UserError
 from mlp import epoch as epoch_lib
 from mlp import steps
 from trainer.run import compile_epochs

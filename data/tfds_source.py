@@ -10,7 +10,8 @@ import numpy as np
 from absl import logging
 
 from data.idx import FILES, check_folder, data_folder, unreadable
-from errors import UserError, import_tensorflow_quietly
+from errors import UserError
+from native_logs import import_tensorflow_quietly
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
 FILES_HELP = (f'TFDS prepares MNIST from its four canonical files ({", ".join(CANONICAL_FILES)}): '

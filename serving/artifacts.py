@@ -11,7 +11,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from errors import UserError, import_tensorflow_quietly, native_stderr_muted
+from errors import UserError
+from native_logs import import_tensorflow_quietly, native_stderr_muted
 from mlp import inference
 from mlp import steps
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, STABLEHLO

@@ -30,7 +30,7 @@ from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
 from trainer.run import keys_of, mode_and_mesh, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
-import errors
+import library_errors
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
@@ -407,7 +407,7 @@ def test_a_thread_the_machine_will_not_start_mid_run_is_one_line_and_the_rerun_r
 
   def refused(manager, step, *args, **kwargs):
     if step == 2:
-      raise RuntimeError(errors.THREAD_REFUSED)
+      raise RuntimeError(library_errors.THREAD_REFUSED)
     return save(manager, step, *args, **kwargs)
 
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', refused)

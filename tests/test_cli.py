@@ -17,7 +17,8 @@ from absl import flags
 from flax import nnx
 
 import train
-from errors import THREAD_REFUSED, ConfigError, UserError, say
+from errors import ConfigError, UserError, say
+from library_errors import THREAD_REFUSED
 from mlp.model import MLP
 from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly,
                             limit_address_space, make_config, override_flags, read_metrics,
@@ -528,8 +529,8 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
   args = [CONFIG, f'--workdir={workdir}', *override_flags(
       num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
   child = (
-      'import errors, runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
-      'said, fail, save = threading.Event(), errors.fail, ocp.CheckpointManager.save\n'
+      'import command, runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
+      'said, fail, save = threading.Event(), command.fail, ocp.CheckpointManager.save\n'
       'def failing(message, status, exit_now=sys.exit):  # Its line out, then train.py\'s exit.\n'
       '  fail(message, status, exit_now=lambda code: (said.set(), exit_now(code)))\n'
       'def stranded():  # Reports once the run has said its line, as its exit waits for threads.\n'
@@ -538,7 +539,7 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
       '    threading.Thread(target=stranded).start()\n'
       f'    raise RuntimeError({THREAD_REFUSED!r})\n'
       '  return save(manager, step, *args, **kwargs)\n'
-      'errors.fail, ocp.CheckpointManager.save = failing, refused\n'
+      'command.fail, ocp.CheckpointManager.save = failing, refused\n'
       'sys.argv = sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
   out = subprocess.run([sys.executable, '-c', child, 'train.py', *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
-"""errors.py: a refused write, however the library words it, becomes one line naming the OS's
-reason; so do a library missing or unloadable and a machine out of memory or threads wherever a
-command meets them."""
+"""errors.py, and command.py's first step: a refused write, however the library words it, becomes
+one line naming the OS's reason; so do a library missing or unloadable and a machine out of memory
+or threads wherever a command meets them."""
 
 import errno
 import os
@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from errors import THREAD_REFUSED, clipped, library_unmapped, missing_module, write_failed
+from command import missing_module
+from errors import clipped, library_unmapped, write_failed
+from library_errors import THREAD_REFUSED
 from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
@@ -98,7 +100,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 ], ids=['memory', 'thread'])
 def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised, said):
   """As where memory runs out while a library is imported: the commands' excepthook says it."""
-  out = run_python(f'import errors; errors.start_command("stopped"); raise {raised}')
+  out = run_python(f'import command; command.start_command("stopped"); raise {raised}')
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
 
@@ -108,16 +110,17 @@ def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised
 # (orbax's) met by the commands' excepthook, and TensorFlow's (one it needs, by its bare name) by
 # the export's and the TFDS source's import of it.
 PAST_THE_LIMIT = (
-    'import resource, numpy, errors\n'
-    'errors.start_command("stopped")\n'
+    'import resource, numpy, command, errors, native_logs\n'
+    'command.start_command("stopped")\n'
     'held = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10\n'
     'resource.setrlimit(resource.RLIMIT_AS, (held + (8 << 20), resource.RLIM_INFINITY))\n')
 
 
 @pytest.mark.parametrize('load, library', [
     pytest.param('import tensorstore', '_tensorstore', id='excepthook'),
-    pytest.param('try:\n  errors.import_tensorflow_quietly()\nexcept errors.UserError as error:\n'
-                 '  errors.fail(str(error), 1)', 'libtensorflow', id='tensorflow',
+    pytest.param('try:\n  native_logs.import_tensorflow_quietly()\n'
+                 'except errors.UserError as error:\n  command.fail(str(error), 1)',
+                 'libtensorflow', id='tensorflow',
                  marks=pytest.mark.slow),  # TensorFlow's import takes seconds.
 ])
 def test_a_library_past_the_memory_limit_is_one_line_naming_the_limit(load, library):
@@ -158,15 +161,15 @@ def test_a_library_the_system_will_not_load_is_said_by_its_likely_reason(monkeyp
 
 
 def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook():
-  out = run_python('import errors; errors.start_command("stopped"); raise ValueError("a bug")')
+  out = run_python('import command; command.start_command("stopped"); raise ValueError("a bug")')
   assert out.returncode == 1 and out.stderr.startswith('Traceback'), out.stderr
   assert 'ValueError: a bug' in out.stderr
 
 
 # A Ctrl-C while TensorFlow imports, its C++ notes muted: Python's line still reaches the user.
-MUTED_CTRL_C = ('import os, signal, time, errors\n'
-                'errors.start_command("stopped while muted")\n'
-                'with errors.native_stderr_muted():\n'
+MUTED_CTRL_C = ('import os, signal, time, command, native_logs\n'
+                'command.start_command("stopped while muted")\n'
+                'with native_logs.native_stderr_muted():\n'
                 '  os.write(2, b"a library log line in C++\\n")\n'
                 '  os.kill(os.getpid(), signal.SIGINT)\n'
                 '  time.sleep(10)\n')

@@ -22,7 +22,8 @@ HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Py
 FORMATS = ['stablehlo', *(['savedmodel'] if HAS_TENSORFLOW else [])]
 BATCH_SIZES = (1, 37)
 # What a loader of each format must never import: this project, and every framework but its own.
-PROJECT = ['configs', 'data', 'errors', 'mlp', 'serving', 'trainer', 'flax', 'optax', 'orbax']
+PROJECT = ['command', 'configs', 'data', 'errors', 'library_errors', 'mlp', 'native_logs',
+           'serving', 'trainer', 'flax', 'optax', 'orbax']
 NEVER_IMPORTED = {'stablehlo': [*PROJECT, 'tensorflow'], 'savedmodel': [*PROJECT, 'jax', 'jaxlib']}
 # A fresh interpreter (-I: no project path, no user site) where those imports fail, running the
 # standalone loader from outside the project.

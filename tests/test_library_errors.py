@@ -1,4 +1,4 @@
-"""Each library text errors.py recognizes, as the pinned libraries really word it.
+"""Each library text library_errors.py recognizes, as the pinned libraries really word it.
 
 The texts that need a real run to provoke are checked where that run happens: tensorstore's
 damage status by the truncated checkpoint of tests/test_checkpoint.py, its OS reason and space
@@ -17,7 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import errors
+import library_errors
 from tests.conftest import ROOT, limit_address_space
 
 
@@ -26,12 +26,13 @@ def test_asyncio_words_a_closed_loop_as_recognized():
   loop.close()
   with pytest.raises(RuntimeError) as closed:
     loop.call_soon(print)
-  assert str(closed.value) == errors.ASYNCIO_LOOP_CLOSED
+  assert str(closed.value) == library_errors.ASYNCIO_LOOP_CLOSED
 
 
 def orbax_step_metadata_warnings(records: list[logging.LogRecord], folder) -> list[str]:
   return [r.getMessage() for r in records
-          if errors.ORBAX_NO_STEP_METADATA in r.getMessage() and str(folder) in r.getMessage()]
+          if library_errors.ORBAX_NO_STEP_METADATA in r.getMessage()
+          and str(folder) in r.getMessage()]
 
 
 def test_orbax_warns_of_a_step_folder_without_its_metadata_as_recognized(tmp_path, caplog):
@@ -47,7 +48,7 @@ def test_orbax_warns_of_a_checkpoint_to_delete_that_is_gone_as_recognized(tmp_pa
     saved.save(1, args=ocp.args.StandardSave({'w': np.ones(2)}))
     shutil.rmtree(tmp_path / '1')
     saved.save(2, args=ocp.args.StandardSave({'w': np.ones(2)}))
-  gone = [errors.ORBAX_STEP_GONE.search(r.getMessage()) for r in caplog.records]
+  gone = [library_errors.ORBAX_STEP_GONE.search(r.getMessage()) for r in caplog.records]
   assert [found.group(1) for found in gone if found] == [str(tmp_path)]
 
 
@@ -72,7 +73,7 @@ def test_jax_words_a_cache_it_cannot_use_as_recognized(tmp_path):
                        env={'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu'})
   assert out.returncode == 0, out.stderr
   said = out.stdout.strip().splitlines()
-  assert said and all(errors.JAX_CACHE_TROUBLE.match(line) for line in said), said
+  assert said and all(library_errors.JAX_CACHE_TROUBLE.match(line) for line in said), said
 
 
 def test_xla_words_an_allocation_past_the_memory_as_recognized():
@@ -83,7 +84,7 @@ def test_xla_words_an_allocation_past_the_memory_as_recognized():
   out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
                        timeout=120, env={'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu'})
   assert out.stdout.startswith('JaxRuntimeError '), out.stdout + out.stderr
-  assert errors.DEVICE_OUT_OF_MEMORY.search(out.stdout), out.stdout
+  assert library_errors.DEVICE_OUT_OF_MEMORY.search(out.stdout), out.stdout
 
 
 
@@ -93,7 +94,8 @@ def test_python_words_a_thread_the_machine_will_not_start_as_recognized():
           'try:\n  while True:\n    threading.Thread(target=stop.wait, daemon=True).start()\n'
           'except Exception as error:\n  print(type(error).__name__, error)\nstop.set()')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=60)
-  assert out.stdout.strip() == f'RuntimeError {errors.THREAD_REFUSED}', out.stdout + out.stderr
+  assert out.stdout.strip() == f'RuntimeError {library_errors.THREAD_REFUSED}', (
+      out.stdout + out.stderr)
 
 
 def test_numpy_words_an_allocation_past_the_memory_as_a_memory_error():

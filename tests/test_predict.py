@@ -13,7 +13,8 @@ from PIL import Image
 
 from data import digit_images
 from data.mnist import load_split
-from errors import THREAD_REFUSED, UserError
+from errors import UserError
+from library_errors import THREAD_REFUSED
 from tests.conftest import ROOT, make_config, run_train
 from trainer import checkpoints, config_rules, evaluation, pictures
 from trainer.reporting import EVAL_FILE

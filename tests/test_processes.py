@@ -16,7 +16,6 @@ import time
 
 import pytest
 
-import errors
 
 from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_devices,
                             override_flags, read_metrics, run_train,
@@ -24,6 +23,7 @@ from tests.conftest import (ROOT, assert_fails_cleanly, assert_same_numbers, on_
 from tests.parallel_probe import SETTINGS
 from tests.test_cloud_storage import names, records
 from errors import UserError
+from library_errors import JAX_ABORT
 from trainer import processes
 from trainer.processes import relay
 from trainer.reporting import METRICS_FILE
@@ -328,7 +328,7 @@ def test_a_process_lost_during_a_save_to_a_bucket_ends_the_other_at_once_and_the
 def test_the_relay_says_jax_s_abort_as_the_run_s_line_and_nothing_after_it():
   out = io.BytesIO()
   lines = [b'W1123 a warning of the run\n', b'F1123 16:08:06.301057 7202 client.h:80] ' +
-           errors.JAX_ABORT + b'. absl::Status: UNAVAILABLE\n', b'*** Check failure stack\n',
+           JAX_ABORT + b'. absl::Status: UNAVAILABLE\n', b'*** Check failure stack\n',
            b'error: a process of the run was lost (...)\n', b'Fatal Python error: Aborted\n']
   relay(iter(lines), out, lambda: 'a process of the run was lost;  here:  cmd')
   assert out.getvalue() == (b'W1123 a warning of the run\n'

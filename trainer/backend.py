@@ -7,8 +7,8 @@ import os
 import re
 from collections.abc import Iterator
 
-from errors import DEVICE_OUT_OF_MEMORY, UserError, error_reason, first_cause
-from errors import host_out_of_memory, thread_refused
+from errors import UserError, error_reason, first_cause, host_out_of_memory, thread_refused
+from library_errors import DEVICE_OUT_OF_MEMORY
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set

@@ -25,9 +25,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from mlp import steps
-from errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
-                    ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS, TENSORSTORE_DENIED_STATUS)
 from errors import UserError, causes, clipped, first_cause, host_limit
+from library_errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
+                            ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS,
+                            TENSORSTORE_DENIED_STATUS)
 from trainer import config_rules, processes
 from trainer.run_dir import RunDirectory
 

@@ -6,7 +6,8 @@ import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 
-from errors import JAX_CACHE_TROUBLE, clipped
+from errors import clipped
+from library_errors import JAX_CACHE_TROUBLE
 
 OFF = 'off'
 FOLDER = os.path.join('mnist-mlp', 'jax-compilation-cache')  # Under the user's cache folder.

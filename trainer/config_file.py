@@ -15,7 +15,8 @@ from typing import Any
 import ml_collections
 from absl import flags
 
-from errors import PROJECT_ROOT, UserError, shown
+from command import PROJECT_ROOT
+from errors import UserError, shown
 from trainer.config_fields import close_field, field_names, field_problem
 
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')

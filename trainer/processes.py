@@ -25,7 +25,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from errors import JAX_ABORT, PEER_LOST, UserError, causes, fail
+from command import fail
+from errors import UserError, causes
+from library_errors import JAX_ABORT, PEER_LOST
 from trainer.run_dir import RunDirectory, release_held_locks
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
