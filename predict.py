@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
       raise UserError(unread[-1])
     os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
     from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
-    workdir = run_dir.RunDirectory(_WORKDIR.value)
+    workdir = run_dir.RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
     config, restored = evaluation.restore_run(workdir)
     report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   except UserError as error:
