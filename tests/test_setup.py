@@ -102,3 +102,19 @@ def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_f
   assert lines[0].startswith('error: this Python (') and lines[0].endswith(
       f'has no module {module!r}, which this project needs; run the command with the Python of its '
       f'environment (make train makes it): .venv/bin/python {" ".join(command)}'), lines[0]
+
+
+def core_pins() -> dict[str, str]:
+  """requirements.txt's distributions (`make train`'s), each with its environment marker."""
+  pins = {}
+  for line in (ROOT / 'requirements.txt').read_text().splitlines():
+    if line and not line[0].isspace() and not line.startswith('#'):
+      pin, _, marker = line.partition(';')
+      pins.setdefault(pin.split('==')[0].strip().lower(), marker.strip())
+  return pins
+
+
+def test_make_train_installs_what_export_py_needs_to_write_its_stablehlo_file():
+  """jax.export's serialization imports flatbuffers, which jax does not require: a user of
+  `make train` alone, then `python export.py`, met a traceback asking to install it."""
+  assert core_pins().get('flatbuffers') == '', 'flatbuffers pinned for every Python'
