@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from errors import host_limit, library_unmapped, output_lost, shown
+from errors import causes, host_limit, library_unmapped, output_lost, shown
 
 
 PROJECT_ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -30,9 +30,7 @@ def start_command(stopped_line: str) -> None:
 
   def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:
     try:
-      line = (missing_module(error) if isinstance(error, ModuleNotFoundError) else
-              library_unmapped(error) or host_limit(error) if isinstance(error, Exception) else
-              None)
+      line = set_up_line(error)
     except Exception:  # pylint: disable=broad-except; the error itself is what matters here
       line = None
     if line is None:
@@ -40,6 +38,18 @@ def start_command(stopped_line: str) -> None:
     else:
       print(f'error: {line}', file=sys.stderr, flush=True)  # Python's exit status: 1.
   sys.excepthook = one_line_for_the_set_up_or_the_machine
+
+
+def set_up_line(error: BaseException) -> str | None:
+  """The line for an error of the set-up or the machine that no part of a command said (None: a
+  fault of the code): a module missing, also where a library raised its own ImportError from it
+  (jax.export's 'Please install flatbuffers'), a library not loaded, no memory or threads."""
+  if isinstance(error, ImportError):
+    missing = next((cause for cause in causes(error)
+                    if isinstance(cause, ModuleNotFoundError)), None)
+    if missing is not None:
+      return missing_module(missing)
+  return library_unmapped(error) or host_limit(error) if isinstance(error, Exception) else None
 
 
 def missing_module(error: ModuleNotFoundError) -> str | None:

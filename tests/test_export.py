@@ -171,6 +171,15 @@ def hide_tensorflow(folder) -> dict[str, str]:
   return {'PYTHONPATH': str(folder / 'site')}
 
 
+def hide_flatbuffers(folder) -> dict[str, str]:
+  """An environment without flatbuffers, which jax.export's serialization imports (an environment
+  made before requirements.txt pinned it): jax raises its own ImportError from the missing one."""
+  (folder / 'site' / 'flatbuffers').mkdir(parents=True)
+  (folder / 'site' / 'flatbuffers' / '__init__.py').write_text(
+      "raise ModuleNotFoundError(\"No module named 'flatbuffers'\", name='flatbuffers')\n")
+  return {'PYTHONPATH': str(folder / 'site')}
+
+
 # Each mistake: how it is made (given tmp_path and the trained run), export.py's arguments after
 # --out, the environment, and what its one line says.
 MISTAKES = {
@@ -183,6 +192,8 @@ MISTAKES = {
                     ['--workdir={f}/damaged'], None, 'can be restored'),
     'no tensorflow': (lambda f, run: None, ['--workdir={run}', '--formats=stablehlo,savedmodel'],
                       hide_tensorflow, 'pip install -r requirements/tfds.txt'),
+    'no flatbuffers': (lambda f, run: None, ['--workdir={run}'], hide_flatbuffers,
+                       "has no module 'flatbuffers', which this project needs"),
     'out in the run': (lambda f, run: None, ['--workdir={run}', '--out={run}/export'], None,
                        'is inside the run directory'),
     'unknown format': (lambda f, run: None, ['--workdir={run}', '--formats=onnx'], None,
