@@ -102,3 +102,14 @@ def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_f
   assert lines[0].startswith('error: this Python (') and lines[0].endswith(
       f'has no module {module!r}, which this project needs; run the command with the Python of its '
       f'environment (make train makes it): .venv/bin/python {" ".join(command)}'), lines[0]
+
+
+def test_a_run_directory_the_locale_names_otherwise_than_utf8_is_refused_before_training(
+    tmp_path):
+  """Under a locale that is not UTF-8 (here ASCII, as LC_ALL=C is where Python's UTF-8 mode is
+  off), a non-ASCII --workdir: tensorstore names files in UTF-8, so the checkpoints' arrays went
+  into another folder (Latin-1), or tensorstore failed in a traceback per thread (ASCII), after
+  the run had trained an epoch and said it saved it."""
+  assert_fails_cleanly(['--config=configs/quick.py'], 'pass a --workdir whose path is ASCII',
+                       tmp_path / 'r\u00e9sum\u00e9', env={'LC_ALL': 'C', 'PYTHONUTF8': '0',
+                                                          'PYTHONCOERCECLOCALE': '0'})
