@@ -118,3 +118,12 @@ def test_make_train_installs_what_export_py_needs_to_write_its_stablehlo_file():
   """jax.export's serialization imports flatbuffers, which jax does not require: a user of
   `make train` alone, then `python export.py`, met a traceback asking to install it."""
   assert core_pins().get('flatbuffers') == '', 'flatbuffers pinned for every Python'
+def test_a_run_directory_the_locale_names_otherwise_than_utf8_is_refused_before_training(
+    tmp_path):
+  """Under a locale that is not UTF-8 (here ASCII, as LC_ALL=C is where Python's UTF-8 mode is
+  off), a non-ASCII --workdir: tensorstore names files in UTF-8, so the checkpoints' arrays went
+  into another folder (Latin-1), or tensorstore failed in a traceback per thread (ASCII), after
+  the run had trained an epoch and said it saved it."""
+  assert_fails_cleanly(['--config=configs/quick.py'], 'pass a --workdir whose path is ASCII',
+                       tmp_path / 'r\u00e9sum\u00e9', env={'LC_ALL': 'C', 'PYTHONUTF8': '0',
+                                                          'PYTHONCOERCECLOCALE': '0'})

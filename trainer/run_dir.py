@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TextIO
@@ -95,6 +96,16 @@ def user_errors(workdir: str) -> Iterator[None]:
                     f'{CREDENTIALS_HELP}') from error
 
 
+def named_alike_in_utf8(path: str) -> bool:
+  """Whether the OS gets the same bytes for `path` from Python (the locale's encoding) as from
+  tensorstore (always UTF-8), which writes the checkpoints' arrays: under a Latin-1 locale a
+  non-ASCII name is two folders, under an ASCII one tensorstore cannot name it at all."""
+  try:
+    return path.encode('utf-8') == os.fsencode(path)
+  except UnicodeEncodeError:  # Bytes the locale could not decode, kept as surrogates.
+    return False
+
+
 class RunDirectory:
   """The one owner of a run directory's files, on a disk or in a bucket: the modules that write
   there ask it. A file is written whole (object stores cannot append): a reader sees the old
@@ -109,6 +120,12 @@ class RunDirectory:
                       f'a Cloud Storage bucket (gs://BUCKET/PATH), not {scheme.group(1)}://; pass '
                       'one of those')
     self.name = workdir.rstrip('/') if self.remote else os.path.abspath(workdir)
+    if not self.remote and not named_alike_in_utf8(self.name):
+      raise UserError(
+          f'the run directory {self.name} has a name that this Python encodes as '
+          f'{sys.getfilesystemencoding()} (its locale) and the checkpoint library (tensorstore) '
+          'as UTF-8: the checkpoints would go into another folder and not restore; pass a '
+          '--workdir whose path is ASCII, or run under a UTF-8 locale (LC_ALL=C.UTF-8)')
     self._reached = False  # A bucket answers once: eval_only checks before make() would again.
 
   def __str__(self) -> str:
