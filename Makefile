@@ -17,6 +17,17 @@ NO_PYTHON = error: this project needs Python 3.11 to 3.14, and $(or $(PYTHON),py
 # The accelerator's JAX plugin at the JAX version the lock chose: `make train ACCELERATOR=tpu` (or
 # cuda12) on a fresh clone; empty for the CPU.
 ACCELERATOR ?=
+# An environment whose Python no longer runs (uninstalled, or moved by a Homebrew or pyenv upgrade)
+# is made again, not patched: its compiled packages were built for that Python.
+ifneq ($(wildcard $(VENV)/installed),)
+ifeq ($(filter clean-env,$(MAKECMDGOALS)),)
+ifneq ($(shell $(VENV_PYTHON) -c 'print("runs")' 2>/dev/null),runs)
+$(error error: the environment $(VENV) was made by a Python that no longer runs ($(VENV_PYTHON), \
+  of $(or $(shell sed -n 's/^home *= *//p' $(VENV)/pyvenv.cfg 2>/dev/null),an unknown home)); \
+  make it again with a Python that does: make clean-env train (or make clean-env train PYTHON=...))
+endif
+endif
+endif
 REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt requirements/dev.txt
 
 .PHONY: train test test-all test-numbers-every-isa lint lock clean-env

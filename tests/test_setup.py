@@ -127,3 +127,21 @@ def test_a_run_directory_the_locale_names_otherwise_than_utf8_is_refused_before_
   assert_fails_cleanly(['--config=configs/quick.py'], 'pass a --workdir whose path is ASCII',
                        tmp_path / 'r\u00e9sum\u00e9', env={'LC_ALL': 'C', 'PYTHONUTF8': '0',
                                                           'PYTHONCOERCECLOCALE': '0'})
+@needs_make
+def test_an_environment_whose_python_is_gone_is_one_line_naming_make_clean_env(tmp_path):
+  """As after `pyenv uninstall`, or an upgrade that moved the Python the environment links to:
+  make ran .venv/bin/python and ended in `No such file or directory` and `Error 127`."""
+  bin_folder = tmp_path / 'venv' / 'bin'
+  bin_folder.mkdir(parents=True)
+  os.symlink(tmp_path / 'gone' / 'python3.12', bin_folder / 'python')
+  (tmp_path / 'venv' / 'pyvenv.cfg').write_text(f'home = {tmp_path / "gone"}\n')
+  (tmp_path / 'venv' / 'installed').touch()  # Newer than requirements.txt: nothing to install.
+  fake_python(tmp_path, 'python3', '3.12.1')
+  out = make(tmp_path, 'train')
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode != 0 and out.stdout == '' and len(lines) == 1, out.stderr
+  assert f'the environment {tmp_path}/venv was made by a Python that no longer runs' in lines[0]
+  assert 'make clean-env train' in lines[0], lines[0]
+  os.symlink(shutil.which('rm') or '/bin/rm', tmp_path / 'rm')
+  assert make(tmp_path, 'clean-env').returncode == 0  # The fix it names then makes it anew.
+  assert f'{tmp_path}/python3 -m venv' in make(tmp_path, '-n', 'train').stdout
