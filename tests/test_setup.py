@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,8 @@ def fake_python(folder: pathlib.Path, name: str, version: str, runs: bool = True
   version would; one that does not `runs` fails every command (a stale pyenv shim)."""
   major, minor, micro = (int(part) for part in version.split('.'))
   as_version = f'import sys; sys.hexversion = {major << 24 | minor << 16 | micro << 8 | 0xF0}'
-  check = f'-c) exec {sys.executable} -c "{as_version}; exec(sys.argv[1])" "$2";;' if runs else ''
+  python = shlex.quote(sys.executable)  # A clone in a folder with spaces runs its tests too.
+  check = f'-c) exec {python} -c "{as_version}; exec(sys.argv[1])" "$2";;' if runs else ''
   script = folder / name
   script.write_text(f'#!/bin/sh\ncase "$1" in --version) echo "Python {version}";; {check} '
                     '*) exit 1;; esac\n')
@@ -69,8 +71,8 @@ def test_a_python_named_on_the_command_line_is_checked_too(tmp_path):
   fake_python(tmp_path, 'old', '3.10.13')
   out = make(tmp_path, 'train', f'PYTHON={tmp_path}/old')
   assert out.returncode != 0 and f'{tmp_path}/old is Python 3.10.13' in out.stderr
-  assert f'{sys.executable} -m venv' in make(tmp_path, '-n', 'train', f'PYTHON={sys.executable}'
-                                              ).stdout
+  as_run = sys.executable.replace(' ', '\\ ')  # As make runs it, in a folder with spaces too.
+  assert f'{as_run} -m venv' in make(tmp_path, '-n', 'train', f'PYTHON={sys.executable}').stdout
 
 
 @pytest.mark.parametrize('missing', ['tensorflow', 'tensorflow_datasets'])
@@ -102,3 +104,17 @@ def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_f
   assert lines[0].startswith('error: this Python (') and lines[0].endswith(
       f'has no module {module!r}, which this project needs; run the command with the Python of its '
       f'environment (make train makes it): .venv/bin/python {" ".join(command)}'), lines[0]
+
+
+@needs_make
+def test_a_python_found_in_a_folder_with_a_space_makes_the_environment(tmp_path):
+  """As where the environment of a clone in "~/My Projects/mnist" is activated, and make runs
+  again (requirements.txt changed): make said that Python was "not found"."""
+  folder = tmp_path / 'My Projects'
+  folder.mkdir()
+  fake_python(folder, 'python3', '3.12.1')
+  out = subprocess.run([MAKE, '--no-print-directory', '-n', 'train', f'VENV={tmp_path}/venv'],
+                       cwd=ROOT, capture_output=True, text=True, env={'PATH': str(folder)},
+                       timeout=60)
+  assert out.returncode == 0 and out.stderr == '', out.stderr
+  assert f'{tmp_path}/My\\ Projects/python3 -m venv' in out.stdout, out.stdout
