@@ -10,10 +10,16 @@ ARGS ?=
 SUPPORTED := import sys; sys.exit(not 0x30B0000 <= sys.hexversion < 0x30F0000)
 PYTHON ?= $(shell for p in python3 python3.14 python3.13 python3.12 python3.11; do \
   $$p -c '$(SUPPORTED)' >/dev/null 2>&1 && { command -v $$p; break; }; done)
+# PYTHON as the shell runs it: the path of one in a folder with spaces (a clone in "~/My Projects",
+# its environment activated) escaped; a `~` or flags in a PYTHON given left as they are.
+SPACE := $(subst ,, )
+PYTHON_RUN = $(if $(shell test -x "$(PYTHON)" && echo yes),$(subst $(SPACE),\ ,$(PYTHON)),$(PYTHON))
 NO_PYTHON = error: this project needs Python 3.11 to 3.14, and $(or $(PYTHON),python3) is \
-  $(or $(shell $(or $(PYTHON),python3) --version 2>/dev/null),not found). Get one: python3 -m pip \
-  install --user uv && ~/.local/bin/uv python install 3.12 (Linux, a TPU VM's Ubuntu 22.04 too); \
-  brew install python@3.13 (macOS). Then rerun make, or name it: make PYTHON=~/.local/bin/python3.12
+  $(or $(shell $(or $(PYTHON_RUN),python3) --version 2>/dev/null),not found). Get one: python3 \
+  -m pip install --user uv && ~/.local/bin/uv python install 3.12 (Linux, a TPU VM's Ubuntu \
+  22.04 too); brew install python@3.13 (macOS). Then rerun make, or name it: make \
+  PYTHON=~/.local/bin/python3.12
+PYTHON_OK = $(and $(PYTHON),$(shell $(PYTHON_RUN) -c '$(SUPPORTED)' 2>/dev/null && echo yes))
 # The accelerator's JAX plugin at the JAX version the lock chose: `make train ACCELERATOR=tpu` (or
 # cuda12) on a fresh clone; empty for the CPU.
 ACCELERATOR ?=
@@ -33,8 +39,8 @@ REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt 
 .PHONY: train test test-all test-numbers-every-isa lint lock clean-env
 
 $(VENV)/installed: requirements.txt
-	$(if $(and $(PYTHON),$(shell $(PYTHON) -c '$(SUPPORTED)' 2>/dev/null && echo yes)),,$(error $(NO_PYTHON)))
-	$(PYTHON) -m venv $(VENV)
+	$(if $(PYTHON_OK),,$(error $(NO_PYTHON)))
+	$(PYTHON_RUN) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --upgrade pip
 	$(VENV_PYTHON) -m pip install --quiet -r requirements.txt
 	[ -z "$(ACCELERATOR)" ] || $(VENV_PYTHON) -m pip install --quiet -r requirements.txt \

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -19,7 +20,8 @@ def fake_python(folder: pathlib.Path, name: str, version: str, runs: bool = True
   version would; one that does not `runs` fails every command (a stale pyenv shim)."""
   major, minor, micro = (int(part) for part in version.split('.'))
   as_version = f'import sys; sys.hexversion = {major << 24 | minor << 16 | micro << 8 | 0xF0}'
-  check = f'-c) exec {sys.executable} -c "{as_version}; exec(sys.argv[1])" "$2";;' if runs else ''
+  python = shlex.quote(sys.executable)  # A clone in a folder with spaces runs its tests too.
+  check = f'-c) exec {python} -c "{as_version}; exec(sys.argv[1])" "$2";;' if runs else ''
   script = folder / name
   script.write_text(f'#!/bin/sh\ncase "$1" in --version) echo "Python {version}";; {check} '
                     '*) exit 1;; esac\n')
@@ -69,8 +71,8 @@ def test_a_python_named_on_the_command_line_is_checked_too(tmp_path):
   fake_python(tmp_path, 'old', '3.10.13')
   out = make(tmp_path, 'train', f'PYTHON={tmp_path}/old')
   assert out.returncode != 0 and f'{tmp_path}/old is Python 3.10.13' in out.stderr
-  assert f'{sys.executable} -m venv' in make(tmp_path, '-n', 'train', f'PYTHON={sys.executable}'
-                                              ).stdout
+  as_run = sys.executable.replace(' ', '\\ ')  # As make runs it, in a folder with spaces too.
+  assert f'{as_run} -m venv' in make(tmp_path, '-n', 'train', f'PYTHON={sys.executable}').stdout
 
 
 @pytest.mark.parametrize('missing', ['tensorflow', 'tensorflow_datasets'])
@@ -145,3 +147,15 @@ def test_an_environment_whose_python_is_gone_is_one_line_naming_make_clean_env(t
   os.symlink(shutil.which('rm') or '/bin/rm', tmp_path / 'rm')
   assert make(tmp_path, 'clean-env').returncode == 0  # The fix it names then makes it anew.
   assert f'{tmp_path}/python3 -m venv' in make(tmp_path, '-n', 'train').stdout
+@needs_make
+def test_a_python_found_in_a_folder_with_a_space_makes_the_environment(tmp_path):
+  """As where the environment of a clone in "~/My Projects/mnist" is activated, and make runs
+  again (requirements.txt changed): make said that Python was "not found"."""
+  folder = tmp_path / 'My Projects'
+  folder.mkdir()
+  fake_python(folder, 'python3', '3.12.1')
+  out = subprocess.run([MAKE, '--no-print-directory', '-n', 'train', f'VENV={tmp_path}/venv'],
+                       cwd=ROOT, capture_output=True, text=True, env={'PATH': str(folder)},
+                       timeout=60)
+  assert out.returncode == 0 and out.stderr == '', out.stderr
+  assert f'{tmp_path}/My\\ Projects/python3 -m venv' in out.stdout, out.stdout
