@@ -17,6 +17,14 @@ NO_PYTHON = error: this project needs Python 3.11 to 3.14, and $(or $(PYTHON),py
 # The accelerator's JAX plugin at the JAX version the lock chose: `make train ACCELERATOR=tpu` (or
 # cuda12) on a fresh clone; empty for the CPU.
 ACCELERATOR ?=
+# JAX's extras that add a device's plugin, on both stacks. pip takes any other name with a warning
+# alone and installs JAX for the CPU: a typo (gpu, CUDA12) is stopped here, before anything is made.
+ACCELERATORS := tpu cuda cuda12 cuda13 cuda12-local cuda13-local rocm7-local
+ifneq ($(filter-out $(ACCELERATORS),$(ACCELERATOR))$(word 2,$(ACCELERATOR)),)
+$(error error: ACCELERATOR=$(ACCELERATOR) names no accelerator of JAX's, and pip would install \
+  JAX for the CPU alone; pass one of $(ACCELERATORS) (make train ACCELERATOR=cuda12), or none \
+  for the CPU)
+endif
 REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt requirements/dev.txt
 
 .PHONY: train test test-all test-numbers-every-isa lint lock clean-env
