@@ -33,6 +33,13 @@ $(error error: the environment $(VENV) was made by a Python that no longer runs 
   make it again with a Python that does: make clean-env train (or make clean-env train PYTHON=...))
 endif
 endif
+# JAX's extras that add a device's plugin, on both stacks. pip takes any other name with a warning
+# alone and installs JAX for the CPU: a typo (gpu, CUDA12) is stopped here, before anything is made.
+ACCELERATORS := tpu cuda cuda12 cuda13 cuda12-local cuda13-local rocm7-local
+ifneq ($(filter-out $(ACCELERATORS),$(ACCELERATOR))$(word 2,$(ACCELERATOR)),)
+$(error error: ACCELERATOR=$(ACCELERATOR) names no accelerator of JAX's, and pip would install \
+  JAX for the CPU alone; pass one of $(ACCELERATORS) (make train ACCELERATOR=cuda12), or none \
+  for the CPU)
 endif
 REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt requirements/dev.txt
 

@@ -159,3 +159,17 @@ def test_a_python_found_in_a_folder_with_a_space_makes_the_environment(tmp_path)
                        timeout=60)
   assert out.returncode == 0 and out.stderr == '', out.stderr
   assert f'{tmp_path}/My\\ Projects/python3 -m venv' in out.stdout, out.stdout
+@needs_make
+@pytest.mark.parametrize('accelerator', ['gpu', 'CUDA12', 'cuda-12', 'tpu cuda12'])
+def test_an_accelerator_jax_has_no_plugin_for_stops_make_before_it_makes_anything(
+    accelerator, tmp_path):
+  """pip installs `jax[gpu]` as plain JAX with a warning alone: a typo gave an environment for the
+  CPU, and as make installs a plugin only when it makes the environment, the right name later
+  changed nothing."""
+  fake_python(tmp_path, 'python3', '3.12.1')
+  out = make(tmp_path, 'train', f'ACCELERATOR={accelerator}')
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode != 0 and not (tmp_path / 'venv').exists() and len(lines) == 1, out.stderr
+  assert f'ACCELERATOR={accelerator} names no accelerator of JAX' in lines[0], lines[0]
+  assert 'make train ACCELERATOR=cuda12' in lines[0], lines[0]
+  assert '"jax[cuda12]==' in make(tmp_path, '-n', 'train', 'ACCELERATOR=cuda12').stdout
