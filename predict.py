@@ -30,6 +30,9 @@ def parse_flags(argv: list[str]) -> list[str]:
     fail(f'no run given; pass the run directory of a trained run: {USAGE}', 2)
   if len(rest) < 2:
     fail(f'no images given; pass image files or folders of them: {USAGE}', 2)
+  if sys.stdout is None:  # Started with it closed (`>&-`): print() would drop every line.
+    fail('standard output is closed (>&-), so the classifications would go nowhere; send it to '
+         'a file or a pipe (> digits.txt), then rerun the same command', 1)
   return rest
 
 

@@ -5,6 +5,8 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -271,3 +273,14 @@ def test_a_photographed_digit_is_made_the_way_mnist_made_its_own(mnist_dir):
   drawing.paste((0, 0, 0, 255), (90, 10, 110, 110))
   made = digit_images.to_mnist(drawing)
   assert made[4:24, 12:16].min() > 200 and made.sum() == made[4:24, 12:16].sum()
+
+
+def test_a_closed_standard_output_is_one_line_not_classifications_dropped(quick_run):
+  """`python predict.py ... >&-`: Python starts with sys.stdout None, and print() dropped every
+  classification while the command said it classified the images and exited 0."""
+  out = subprocess.run(['sh', '-c', 'exec "$@" >&-', 'sh', sys.executable, 'predict.py',
+                        f'--workdir={quick_run[0]}', 'docs/digits'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1, out.stderr
+  assert lines[0].startswith('error: standard output is closed (>&-)'), lines[0]
