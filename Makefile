@@ -33,6 +33,7 @@ $(error error: the environment $(VENV) was made by a Python that no longer runs 
   make it again with a Python that does: make clean-env train (or make clean-env train PYTHON=...))
 endif
 endif
+endif
 # JAX's extras that add a device's plugin, on both stacks. pip takes any other name with a warning
 # alone and installs JAX for the CPU: a typo (gpu, CUDA12) is stopped here, before anything is made.
 ACCELERATORS := tpu cuda cuda12 cuda13 cuda12-local cuda13-local rocm7-local

@@ -39,6 +39,8 @@ def make(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
 @needs_make
 @pytest.mark.parametrize('version', ['3.10.13',  # Ubuntu 22.04's, as on a TPU VM.
                                      '3.15.0'])  # Newer than every wheel of the stack.
+
+
 def test_without_a_python_of_3_11_to_3_14_make_stops_in_one_line_creating_nothing(
     version, tmp_path):
   fake_python(tmp_path, 'python3', version)
@@ -76,6 +78,8 @@ def test_a_python_named_on_the_command_line_is_checked_too(tmp_path):
 
 
 @pytest.mark.parametrize('missing', ['tensorflow', 'tensorflow_datasets'])
+
+
 def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_path, missing):
   """A run of data.source=tfds where TensorFlow, or TensorFlow Datasets, cannot be imported."""
   hidden = tmp_path / 'site'
@@ -94,6 +98,8 @@ def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_p
     (['train.py', '--config=configs/quick.py'], 'ml_collections'),
     (['predict.py', '--workdir=run', 'docs/digits'], 'numpy'),
     (['export.py', '--workdir=run', '--out=model'], 'absl')])
+
+
 def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_fixes(
     command, module):
   """As when a user runs `python train.py` without the environment `make train` made."""
@@ -120,6 +126,8 @@ def test_make_train_installs_what_export_py_needs_to_write_its_stablehlo_file():
   """jax.export's serialization imports flatbuffers, which jax does not require: a user of
   `make train` alone, then `python export.py`, met a traceback asking to install it."""
   assert core_pins().get('flatbuffers') == '', 'flatbuffers pinned for every Python'
+
+
 def test_a_run_directory_the_locale_names_otherwise_than_utf8_is_refused_before_training(
     tmp_path):
   """Under a locale that is not UTF-8 (here ASCII, as LC_ALL=C is where Python's UTF-8 mode is
@@ -129,6 +137,8 @@ def test_a_run_directory_the_locale_names_otherwise_than_utf8_is_refused_before_
   assert_fails_cleanly(['--config=configs/quick.py'], 'pass a --workdir whose path is ASCII',
                        tmp_path / 'r\u00e9sum\u00e9', env={'LC_ALL': 'C', 'PYTHONUTF8': '0',
                                                           'PYTHONCOERCECLOCALE': '0'})
+
+
 @needs_make
 def test_an_environment_whose_python_is_gone_is_one_line_naming_make_clean_env(tmp_path):
   """As after `pyenv uninstall`, or an upgrade that moved the Python the environment links to:
@@ -147,6 +157,8 @@ def test_an_environment_whose_python_is_gone_is_one_line_naming_make_clean_env(t
   os.symlink(shutil.which('rm') or '/bin/rm', tmp_path / 'rm')
   assert make(tmp_path, 'clean-env').returncode == 0  # The fix it names then makes it anew.
   assert f'{tmp_path}/python3 -m venv' in make(tmp_path, '-n', 'train').stdout
+
+
 @needs_make
 def test_a_python_found_in_a_folder_with_a_space_makes_the_environment(tmp_path):
   """As where the environment of a clone in "~/My Projects/mnist" is activated, and make runs
@@ -161,6 +173,8 @@ def test_a_python_found_in_a_folder_with_a_space_makes_the_environment(tmp_path)
   assert f'{tmp_path}/My\\ Projects/python3 -m venv' in out.stdout, out.stdout
 @needs_make
 @pytest.mark.parametrize('accelerator', ['gpu', 'CUDA12', 'cuda-12', 'tpu cuda12'])
+
+
 def test_an_accelerator_jax_has_no_plugin_for_stops_make_before_it_makes_anything(
     accelerator, tmp_path):
   """pip installs `jax[gpu]` as plain JAX with a warning alone: a typo gave an environment for the
