@@ -462,6 +462,17 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, mnist_dir):
   assert blocker.read_text() == 'keep me'
 
 
+def test_a_run_directory_this_user_cannot_write_names_a_copy_as_the_way_on(tmp_path,
+                                                                           monkeypatch):
+  """A shared, read-only run (eval_only writes its eval.jsonl there): a new folder alone would
+  hold no checkpoint to go on from. (os.access is patched: root may write anywhere.)"""
+  (tmp_path / 'run').mkdir()
+  monkeypatch.setattr(os, 'access', lambda path, mode: False)
+  with pytest.raises(UserError, match=r'is not writable; pass a --workdir that can be written to '
+                                      r'\(a copy of this one, to go on from its checkpoints'):
+    RunDirectory(tmp_path / 'run').make()
+
+
 def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_path, mnist_dir):
   (tmp_path / 'metrics.jsonl').mkdir()  # A folder where the run keeps its records.
   (tmp_path / 'metrics.jsonl' / 'notes.txt').write_text('keep me')

@@ -150,7 +150,8 @@ class RunDirectory:
                       '--workdir that can be written to') from error
     if not os.access(self.name, os.W_OK | os.X_OK):
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
-                      'be written to')
+                      'be written to (a copy of this one, to go on from its checkpoints or '
+                      'evaluate them)')
 
   def refused_write(self, name: str, error: OSError | ValueError,
                     saved: bool | None = None) -> UserError:
