@@ -39,8 +39,6 @@ def make(folder: pathlib.Path, *args: str) -> subprocess.CompletedProcess:
 @needs_make
 @pytest.mark.parametrize('version', ['3.10.13',  # Ubuntu 22.04's, as on a TPU VM.
                                      '3.15.0'])  # Newer than every wheel of the stack.
-
-
 def test_without_a_python_of_3_11_to_3_14_make_stops_in_one_line_creating_nothing(
     version, tmp_path):
   fake_python(tmp_path, 'python3', version)
@@ -78,8 +76,6 @@ def test_a_python_named_on_the_command_line_is_checked_too(tmp_path):
 
 
 @pytest.mark.parametrize('missing', ['tensorflow', 'tensorflow_datasets'])
-
-
 def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_path, missing):
   """A run of data.source=tfds where TensorFlow, or TensorFlow Datasets, cannot be imported."""
   hidden = tmp_path / 'site'
@@ -98,8 +94,6 @@ def test_the_tfds_source_without_its_extra_names_the_command_installing_it(tmp_p
     (['train.py', '--config=configs/quick.py'], 'ml_collections'),
     (['predict.py', '--workdir=run', 'docs/digits'], 'numpy'),
     (['export.py', '--workdir=run', '--out=model'], 'absl')])
-
-
 def test_a_command_run_by_a_python_without_the_libraries_is_one_line_with_both_fixes(
     command, module):
   """As when a user runs `python train.py` without the environment `make train` made."""
@@ -171,10 +165,10 @@ def test_a_python_found_in_a_folder_with_a_space_makes_the_environment(tmp_path)
                        timeout=60)
   assert out.returncode == 0 and out.stderr == '', out.stderr
   assert f'{tmp_path}/My\\ Projects/python3 -m venv' in out.stdout, out.stdout
+
+
 @needs_make
 @pytest.mark.parametrize('accelerator', ['gpu', 'CUDA12', 'cuda-12', 'tpu cuda12'])
-
-
 def test_an_accelerator_jax_has_no_plugin_for_stops_make_before_it_makes_anything(
     accelerator, tmp_path):
   """pip installs `jax[gpu]` as plain JAX with a warning alone: a typo gave an environment for the
