@@ -20,6 +20,11 @@ NO_PYTHON = error: this project needs Python 3.11 to 3.14, and $(or $(PYTHON),py
   22.04 too); brew install python@3.13 (macOS). Then rerun make, or name it: make \
   PYTHON=~/.local/bin/python3.12
 PYTHON_OK = $(and $(PYTHON),$(shell $(PYTHON_RUN) -c '$(SUPPORTED)' 2>/dev/null && echo yes))
+# An environment of another Python is made anew, not over: venv keeps the old Python's links and
+# writes the new one's name, an environment of neither.
+MINOR := import sys; print(f"{sys.hexversion >> 24}.{sys.hexversion >> 16 & 255}")
+PYTHON_MINOR = $(shell $(PYTHON_RUN) -c '$(MINOR)' 2>/dev/null)
+OTHER_PYTHON = $(filter-out $(PYTHON_MINOR),$(shell $(VENV_PYTHON) -c '$(MINOR)' 2>/dev/null))
 # The accelerator's JAX plugin at the JAX version the lock chose: `make train ACCELERATOR=tpu` (or
 # cuda12) on a fresh clone; empty for the CPU.
 ACCELERATOR ?=
@@ -48,6 +53,9 @@ REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt 
 
 $(VENV)/installed: requirements.txt
 	$(if $(PYTHON_OK),,$(error $(NO_PYTHON)))
+	$(if $(OTHER_PYTHON),$(error error: the environment $(VENV) runs Python $(OTHER_PYTHON), and \
+	  make chose $(PYTHON) (Python $(PYTHON_MINOR)); make clean-env train makes it anew with that \
+	  one, or name the one it has: make train PYTHON=python$(OTHER_PYTHON)))
 	$(PYTHON_RUN) -m venv $(VENV)
 	$(VENV_PYTHON) -m pip install --quiet --upgrade pip
 	$(VENV_PYTHON) -m pip install --quiet -r requirements.txt

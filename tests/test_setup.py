@@ -181,3 +181,20 @@ def test_an_accelerator_jax_has_no_plugin_for_stops_make_before_it_makes_anythin
   assert f'ACCELERATOR={accelerator} names no accelerator of JAX' in lines[0], lines[0]
   assert 'make train ACCELERATOR=cuda12' in lines[0], lines[0]
   assert '"jax[cuda12]==' in make(tmp_path, '-n', 'train', 'ACCELERATOR=cuda12').stdout
+
+
+@needs_make
+def test_an_environment_of_another_python_is_not_made_over_but_named(tmp_path):
+  """python -m venv over an environment of another Python keeps the old one's links and writes the
+  new one's name: an environment of neither, made without a word (as after python3 became 3.12)."""
+  (tmp_path / 'venv' / 'bin').mkdir(parents=True)
+  fake_python(tmp_path / 'venv' / 'bin', 'python', '3.11.7')  # No `installed`: make must install.
+  fake_python(tmp_path, 'python3', '3.12.1')
+  out = make(tmp_path, '-n', 'train')
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode != 0 and '-m venv' not in out.stdout and len(lines) == 1, out.stderr
+  assert (f'the environment {tmp_path}/venv runs Python 3.11, and make chose {tmp_path}/python3 '
+          '(Python 3.12); make clean-env train') in lines[0], lines[0]
+  assert 'make train PYTHON=python3.11' in lines[0]
+  fake_python(tmp_path, 'python3', '3.11.9')  # The same minor version: made over, as before.
+  assert f'{tmp_path}/python3 -m venv' in make(tmp_path, '-n', 'train').stdout
