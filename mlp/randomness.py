@@ -13,7 +13,7 @@ ORDER, DROPOUT, SHIFT, DISTORTION = range(4)  # Purposes of the run's key.
 AFFINE, FIELD = range(2)  # Purposes of an example's distortion key.
 
 
-def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+def run_keys(seed: int | jax.Array) -> tuple[jax.Array, jax.Array]:
   """The two keys a run derives from its seed: one initializes the model, one drives every epoch."""
   init_key, run_key = jax.random.split(jax.random.key(seed))
   return init_key, run_key
