@@ -74,6 +74,7 @@ def walk_replicated_state(config) -> dict:
 
 # Each mode resumes another's checkpoint and has its own resumed by another: a cycle of the modes.
 RESUMES = tuple(zip(MODES, MODES[1:] + MODES[:1]))
+RESUME_MARK = 'probe: resuming '
 
 
 def resume_across_modes(out: pathlib.Path) -> None:
@@ -82,6 +83,7 @@ def resume_across_modes(out: pathlib.Path) -> None:
     workdir = out / f'{first}-{then}'
     shutil.copytree(out / first, workdir)
     shutil.rmtree(workdir / '2')
+    print(f'{RESUME_MARK}{first}-{then}', flush=True)  # Its lines follow, to the next mark.
     loop.train_and_evaluate(make_config(parallel=then, **RESUMABLE), RunDirectory(workdir))
 
 

@@ -196,8 +196,10 @@ def test_sigterm_saves_and_resumes_and_a_damaged_checkpoint_is_passed_over(bucke
     first.wait()
   assert first.returncode == 143, stderr
   assert 'resume with:' in stderr
+  stopped_at = len(records(workdir))  # Its epochs are all saved: SIGTERM saves the last one.
   resumed = run_train(*args)
   assert resumed.returncode == 0, resumed.stderr
+  assert f'resumed from epoch {stopped_at}' in resumed.stdout  # Not a run started afresh.
   assert [r['epoch'] for r in records(workdir)] == [1, 2, 3, 4]
 
   blob(f'{workdir}/4/state/_METADATA').delete()  # The newest checkpoint loses a file.

@@ -36,9 +36,13 @@ def test_split_syntax_resolves_to_example_ranges(spec, expected):
   assert (split.name, split.start, split.stop) == expected
 
 
-@pytest.mark.parametrize('spec', ['validation', 'test[a:b]', 'test[5000:100]', 'test[:8000'])
-def test_bad_split_names_the_fix(spec):
-  with pytest.raises(UserError, match='split'):
+@pytest.mark.parametrize('spec, problem_and_fix', [
+    ('validation', r"MNIST has no split 'validation'; use one of test, train"),
+    ('test[a:b]', r"bound 'a' is not an integer or a percentage; write it like test\[:8000\]"),
+    ('test[5000:100]', r'selects no examples; pick a range with start < stop'),
+    ('test[:8000', r'is not TFDS split syntax; write it like test, test\[:8000\]')])
+def test_bad_split_names_the_fix(spec, problem_and_fix):
+  with pytest.raises(UserError, match=problem_and_fix):
     parse_split(spec)
 
 

@@ -64,12 +64,14 @@ def exported(run, tmp_path_factory):
     before = snapshot(live)
     result = export(f'--workdir={live}', f'--out={out}', f'--formats={",".join(FORMATS)}',
                     env=TENSORFLOW_LOGS_AT_IMPORT)
+    formats = list(FORMATS)  # What the export must hold: each one asked for.
     if result.returncode and unreadable_by_tensorflow(result):  # This stack: StableHLO alone.
       assert not out.exists()  # Nothing written, not even the format it could write.
-      result = export(f'--workdir={live}', f'--out={out}', '--formats=stablehlo')
+      result, formats = export(f'--workdir={live}', f'--out={out}', '--formats=stablehlo'), [
+          'stablehlo']
     assert result.returncode == 0, result.stderr
     assert snapshot(live) == before  # Not one byte, file or folder changed in the run directory.
-  return out, result.stdout, result.stderr
+  return out, result.stdout, result.stderr, formats
 
 
 def unreadable_by_tensorflow(result: subprocess.CompletedProcess) -> bool:
@@ -82,11 +84,6 @@ def unreadable_by_tensorflow(result: subprocess.CompletedProcess) -> bool:
       r'set-up \(make train PYTHON=python3\.11\), whose JAX it reads', lines[0]))
 
 
-def written(out) -> list[str]:
-  """The formats the export holds."""
-  return list(json.loads((out / 'export.json').read_text())['files'])
-
-
 def probabilities_by_predict(workdir) -> np.ndarray:
   """predict.py's probabilities of MNIST's first test digits: its restore and forward pass."""
   config, restored = evaluation.restore_run(RunDirectory(workdir))
@@ -97,8 +94,8 @@ def probabilities_by_predict(workdir) -> np.ndarray:
 @pytest.mark.parametrize('form', FORMATS)
 def test_each_format_loads_without_this_project_and_gives_predicts_probabilities(
     form, run, exported, tmp_path):
-  out, _, _ = exported
-  if form not in written(out):
+  out, _, _, formats = exported
+  if form not in formats:  # Asked for, refused in one line, and StableHLO exported alone.
     pytest.skip('this TensorFlow cannot run the StableHLO of this JAX: export.py says so in a line')
   saved = tmp_path / 'probabilities.npz'
   loaded = subprocess.run(
@@ -125,10 +122,10 @@ def test_each_format_loads_without_this_project_and_gives_predicts_probabilities
 
 
 def test_the_export_names_its_files_and_what_it_holds(run, exported):
-  out, stdout, stderr = exported
+  out, stdout, stderr, formats = exported
   files = {'stablehlo': 'model.jax_export', 'savedmodel': 'saved_model'}
   manifest = json.loads((out / 'export.json').read_text())
-  assert manifest['files'] == {form: files[form] for form in FORMATS if form in written(out)}
+  assert manifest['files'] == {form: files[form] for form in formats}  # Each one asked for.
   assert manifest['epoch'] == 1  # The committed checkpoint, not the one being written.
   assert manifest['input'] == {'name': 'images', 'dtype': 'uint8', 'shape': ['N', 28, 28]}
   assert manifest['output'] == {'name': 'probabilities', 'dtype': 'float32', 'shape': ['N', 10]}

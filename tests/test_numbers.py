@@ -22,36 +22,51 @@ pytestmark = pytest.mark.numeric
 
 RECORDED = read_runs(RUNS)  # configs/default.py, 30 epochs on train[:8000], scored on test[:2000].
 CHANGED = read_runs(ROOT / 'tests' / 'golden' / 'default_train8000_changed')  # Learned otherwise.
-# Epoch 1: within 3 times the largest difference between recorded runs of one seed (9 of 10 seeds
-# agreed to 4e-7; seed 7's runs parted within epoch 1). The last epoch: within 4 standard
-# deviations of the mean of every recorded run. Both measured on the runs, for every figure.
+# Epoch 1: within 3 times the largest difference between recorded runs of one seed (4 runs each:
+# 2 CPUs, 2 instruction-set levels; seeds 1, 2, 4 and 8 agreed to 8e-8, the others parted within
+# epoch 1, by up to 1.0e-2 in eval loss (seed 9) and 4.5e-3 in eval accuracy (seed 5)). The last
+# epoch: within 4 standard deviations of the mean of every recorded run. Both measured on the runs,
+# for every figure.
 FIRST_EPOCH_MARGIN, LAST_EPOCH_SDS = 3, 4
-FIRST_EPOCH = {name: FIRST_EPOCH_MARGIN * largest
-               for name, largest in first_epoch_differences(RECORDED).items()}
-LAST_EPOCH = {name: (mean, LAST_EPOCH_SDS * sd)
-              for name, (mean, sd, *_) in last_epoch_spread(RECORDED.values()).items()}
 
 
-def first_epoch_gaps(records: list[dict], reference: list[dict]) -> list[str]:
+def tolerances(runs: dict[str, list[dict]]) -> tuple[dict, dict]:
+  """Epoch 1's allowed difference of each figure, and the last epoch's (mean, allowed), as
+  measured on `runs`."""
+  first = {name: FIRST_EPOCH_MARGIN * largest
+           for name, largest in first_epoch_differences(runs).items()}
+  last = {name: (mean, LAST_EPOCH_SDS * sd)
+          for name, (mean, sd, *_) in last_epoch_spread(runs.values()).items()}
+  return first, last
+
+
+FIRST_EPOCH, LAST_EPOCH = tolerances(RECORDED)
+
+
+def first_epoch_gaps(records: list[dict], reference: list[dict],
+                     allowed: dict = FIRST_EPOCH) -> list[str]:
   """The figures of epoch 1 outside the tolerances around a recorded run of the same seed."""
-  return [name for name, allowed in FIRST_EPOCH.items()
-          if difference(name, records[0][name], reference[0][name]) > allowed]
+  return [name for name, most in allowed.items()
+          if difference(name, records[0][name], reference[0][name]) > most]
 
 
-def last_epoch_gaps(records: list[dict]) -> list[str]:
+def last_epoch_gaps(records: list[dict], spread: dict = LAST_EPOCH) -> list[str]:
   """The figures of the last epoch outside the recorded runs' spread."""
-  return [name for name, (mean, allowed) in LAST_EPOCH.items()
-          if abs(records[-1][name] - mean) > allowed]
+  return [name for name, (mean, most) in spread.items()
+          if abs(records[-1][name] - mean) > most]
 
 
-def assert_near_recorded(records: list[dict], seed: str) -> None:
-  """Every epoch there; epoch 1 near each recorded run of the seed, the last epoch in the spread."""
-  references = [r for name, r in RECORDED.items() if seed_of(name) == seed]
+def assert_near_recorded(records: list[dict], seed: str,
+                         recorded: dict[str, list[dict]] = RECORDED) -> None:
+  """Every epoch there; epoch 1 near each recorded run of the seed, the last epoch in the spread,
+  both as measured on `recorded`."""
+  first, last = (FIRST_EPOCH, LAST_EPOCH) if recorded is RECORDED else tolerances(recorded)
+  references = [r for name, r in recorded.items() if seed_of(name) == seed]
   assert references, f'no recorded run of {seed}'
   for reference in references:
     assert [r['epoch'] for r in records] == [r['epoch'] for r in reference]
-    assert not first_epoch_gaps(records, reference), (records[0], reference[0])
-  assert not last_epoch_gaps(records), (records[-1], LAST_EPOCH)
+    assert not first_epoch_gaps(records, reference, first), (records[0], reference[0])
+  assert not last_epoch_gaps(records, last), (records[-1], last)
 
 
 @pytest.mark.slow
@@ -66,17 +81,17 @@ def test_the_default_config_stays_near_its_recorded_numbers(tmp_path, mnist_dir)
 
 
 @pytest.mark.parametrize('name', sorted(RECORDED))
-def test_every_recorded_run_passes_the_same_comparison(name):
-  assert_near_recorded(RECORDED[name], seed_of(name))
+def test_every_recorded_run_passes_the_comparison_measured_without_it(name):
+  """Leave one out: each run judged as a new CPU's run would be, by tolerances it did not set."""
+  others = {other: records for other, records in RECORDED.items() if other != name}
+  assert_near_recorded(RECORDED[name], seed_of(name), others)
 
 
 @pytest.mark.parametrize('name', sorted(CHANGED))
 def test_runs_that_learned_differently_fail_it(name):
   """Real runs of a changed recipe (docs/reproducibility.md), seeds and levels of their own."""
-  with pytest.raises(AssertionError):
-    assert_near_recorded(CHANGED[name], seed_of(name))
   seed_runs = [r for n, r in RECORDED.items() if seed_of(n) == seed_of(name)]
-  assert all(first_epoch_gaps(CHANGED[name], r) for r in seed_runs)  # Epoch 1 tells each apart.
+  assert seed_runs and all(first_epoch_gaps(CHANGED[name], r) for r in seed_runs)  # Each apart.
 
 
 def test_training_without_shifts_ends_outside_the_spread_too():

@@ -14,7 +14,7 @@ import pytest
 
 from errors import UserError
 from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, offline_credentials,
-                            override_flags, run_train)
+                            override_flags, read_metrics, run_train)
 from trainer import run_dir
 from trainer.reporting import METRICS_FILE
 from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock, this_machine
@@ -218,7 +218,8 @@ def test_a_second_run_on_one_workdir_stops_at_once_and_the_first_finishes(tmp_pa
     assert first.wait(timeout=300) == 0, first.stderr.read()
   finally:
     first.kill()
-  assert recorded_epochs(tmp_path) == list(range(1, 7))  # The second run added none.
+  # The second run added none.
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, 7))
 
 
 @pytest.mark.slow
@@ -241,7 +242,8 @@ def test_a_run_whose_lock_was_deleted_and_taken_by_a_second_run_stops_and_that_o
     assert second.wait(timeout=300) == 0, second.stderr.read()
   finally:
     first.kill()
-  assert recorded_epochs(tmp_path) == list(range(1, 21))  # Each epoch recorded once.
+  # Each epoch recorded once.
+  assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, 21))
   assert (tmp_path / LOCK_FILE).read_text() == ''  # Released by the run that went on.
 
 
@@ -278,12 +280,6 @@ def short_run(workdir, **overrides) -> list[str]:
   """train.py's arguments for a run of a few seconds (6 epochs of 2,000 images)."""
   return ['--config=configs/default.py', f'--workdir={workdir}',
           *override_flags(**{'num_epochs': 6, 'data__train_split': 'train[:2000]', **overrides})]
-
-
-def recorded_epochs(workdir) -> list[int]:
-  """The epoch of each line of the run's metrics.jsonl, in order."""
-  return [int(line.split('"epoch": ')[1].split(',')[0])
-          for line in (workdir / METRICS_FILE).read_text().splitlines()]
 
 
 def start_train(args: list[str]) -> subprocess.Popen:

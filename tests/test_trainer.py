@@ -107,7 +107,8 @@ def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_th
     reporter.write({'epoch': 2, 'train_loss': 0.5, 'epoch_seconds': 1.0})
   assert str(refused.value) == (f'cannot write {events} (No space left on device); free space or '
                                 'restore access there, then rerun the same command')
-  with pytest.raises(UserError):
+  refused_again = re.escape(f'cannot write {events} (No space left on device)')  # The events'.
+  with pytest.raises(UserError, match=refused_again):
     reporter.pictures({'mistakes': np.zeros((4, 4, 3), np.uint8)}, epoch=1)
   assert not set(threading.enumerate()) - threads  # (One left by an earlier test may have ended.)
 
