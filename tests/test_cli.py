@@ -1,7 +1,6 @@
 """train.py as users run it: a real-data run, and one clear line for each kind of mistake."""
 
 import gzip
-import json
 import os
 import shlex
 import shutil
@@ -35,7 +34,7 @@ CONFIG = '--config=configs/default.py'
 def test_two_epochs_on_real_mnist_learn_the_task(tmp_path, mnist_dir):
   out = run_train(CONFIG, f'--workdir={tmp_path}', *override_flags(num_epochs=2))
   assert out.returncode == 0, out.stderr
-  records = [json.loads(l) for l in (tmp_path / 'metrics.jsonl').read_text().splitlines()]
+  records = read_metrics(tmp_path)
   assert [r['epoch'] for r in records] == [1, 2]
   assert records[-1]['eval_accuracy'] > 0.90  # A broken trainer stays near 10%.
   assert records[-1]['train_loss'] < records[0]['train_loss']

@@ -17,7 +17,7 @@ from data import digit_images
 from data.mnist import load_split
 from errors import UserError
 from library_errors import THREAD_REFUSED
-from tests.conftest import ROOT, make_config, run_train
+from tests.conftest import ROOT, make_config, read_metrics, run_train
 from trainer import checkpoints, config_rules, evaluation, pictures
 from trainer.reporting import EVAL_FILE
 from trainer.run_dir import RunDirectory
@@ -105,7 +105,7 @@ def test_eval_images_saved_as_png_get_the_trainers_own_predictions(quick_run, pr
   trainer = evaluation.probabilities(config, restored, examples.images).argmax(axis=1)
   assert np.array_equal(digits(predicted, 'png', SAME_COUNT), trainer[:SAME_COUNT])
   # ...which is its evaluation: the same count right as the run's last recorded epoch.
-  final = json.loads((workdir / 'metrics.jsonl').read_text().splitlines()[-1])
+  final = read_metrics(workdir)[-1]
   assert int(np.sum(trainer == examples.labels)) == round(final['eval_accuracy'] * len(examples))
 
 
@@ -138,7 +138,7 @@ def assert_pictures(workdir, wrong: int, epoch: int) -> None:
 def test_a_run_and_an_eval_only_draw_their_mistakes_and_confusion_matrix(quick_run, tmp_path):
   workdir, stdout = quick_run
   config, examples = run_config(workdir)
-  final = json.loads((workdir / 'metrics.jsonl').read_text().splitlines()[-1])
+  final = read_metrics(workdir)[-1]
   wrong = round((1 - final['eval_accuracy']) * len(examples))
   assert wrong > 0
   assert_pictures(workdir, wrong, config.num_epochs)
