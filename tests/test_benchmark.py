@@ -89,7 +89,9 @@ def test_the_loop_trains_exactly_what_the_trainer_trains(tiny_run):
   check = figures['same_training']
   assert check['loop_loss'] == pytest.approx(check['trainer_loss'], rel=1e-4)
   assert abs(check['loop_accuracy'] - check['trainer_accuracy']) <= 2 / 640
-  assert check['max_weight_difference'] < 1e-2
+  # Measured 2.1e-7 (JAX 0.10.2) and 3.2e-7 (0.12) on an AMD EPYC Zen 4, 2026-11-27; AdamW moves a
+  # weight up to about 0.04 in this epoch, so 1e-2 (the bound before) let another training pass.
+  assert check['max_weight_difference'] < 1e-4
   line = next(l for l in table if l.startswith('same training:'))
   assert (f'train loss {check["trainer_loss"]:.6f} (trainer) vs {check["loop_loss"]:.6f} (loop)'
           in line)
