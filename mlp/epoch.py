@@ -10,6 +10,7 @@ import jax.numpy as jnp
 
 from mlp import augment
 from mlp import batches
+from mlp import inference
 from mlp import randomness
 from mlp import steps
 
@@ -130,8 +131,7 @@ def predict(state: steps.TrainState, images: jax.Array, *, batch_size: int) -> j
   indices, _ = batches.eval_steps(images.shape[0], batch_size, 1, jnp.int32(0))
 
   def body(_, step_indices):
-    pixels = batches.to_unit(jnp.take(images, step_indices, axis=0))
-    return None, steps.ensemble_logits(state, batches.standardize(pixels))
+    return None, inference.logits(state, jnp.take(images, step_indices, axis=0))
 
   _, logits = jax.lax.scan(body, None, indices)
   return logits.reshape(-1, logits.shape[-1])[:images.shape[0]]

@@ -1,4 +1,5 @@
-"""The trained model as a classifier of MNIST's own pixels, for serving outside the trainer."""
+"""The trained model as a classifier of MNIST's own uint8 pixels: the forward pass of every
+prediction, in evaluation's batches (mlp/epoch.py) or whole, for serving."""
 
 import jax
 
@@ -6,11 +7,13 @@ from mlp import batches
 from mlp import steps
 
 
-def classify(state: steps.TrainState, images: jax.Array) -> jax.Array:
-  """float32 class probabilities [N, 10] of uint8 images [N, 28, 28] or [N, 784], any N: for
-  members stacked [M], their mean (the ensemble's).
+def logits(state: steps.TrainState, images: jax.Array) -> jax.Array:
+  """Logits [N, 10] of uint8 images [N, 28, 28] or [N, 784] (stacked members: their ensemble's),
+  normalized as `batches.gather` does for evaluation: the one forward pass of predictions."""
+  return steps.ensemble_logits(state, batches.standardize(batches.to_unit(images)))
 
-  The whole batch in one forward pass, normalized as `batches.gather` does for evaluation.
-  """
-  pixels = batches.standardize(batches.to_unit(images))
-  return jax.nn.softmax(steps.ensemble_logits(state, pixels), axis=-1)
+
+def classify(state: steps.TrainState, images: jax.Array) -> jax.Array:
+  """float32 class probabilities [N, 10] of uint8 images, any N, the whole batch in one pass: for
+  members stacked [M], their mean (the ensemble's)."""
+  return jax.nn.softmax(logits(state, images), axis=-1)
