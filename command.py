@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from errors import causes, host_limit, library_unmapped, output_lost, shown
+from errors import first_cause, host_limit, library_unmapped, output_lost, shown
 
 
 PROJECT_ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -45,9 +45,8 @@ def set_up_line(error: BaseException) -> str | None:
   fault of the code): a module missing, also where a library raised its own ImportError from it
   (jax.export's 'Please install flatbuffers'), a library not loaded, no memory or threads."""
   if isinstance(error, ImportError):
-    missing = next((cause for cause in causes(error)
-                    if isinstance(cause, ModuleNotFoundError)), None)
-    if missing is not None:
+    missing = first_cause(error, lambda cause: isinstance(cause, ModuleNotFoundError))
+    if isinstance(missing, ModuleNotFoundError):
       return missing_module(missing)
   return library_unmapped(error) or host_limit(error) if isinstance(error, Exception) else None
 

@@ -161,7 +161,7 @@ def main(argv: list[str]) -> None:
       _run(config, run_dir, stop_request)
   finally:  # The run's lines are out: a signal while Python exits ends it silently.
     for number in loop.STOP_SIGNALS:
-      signal.signal(number, lambda number, _: os._exit(128 + number))
+      signal.signal(number, lambda signum, _: os._exit(128 + signum))
 
 
 def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',

@@ -189,7 +189,8 @@ def test_a_one_process_run_exchanges_nothing_between_processes_in_its_epochs(tmp
   """The collectives of a run come at its start (the lock, the folder, the checkpoints), never per
   epoch where there is no other process to hear."""
   gathered = []
-  monkeypatch.setattr(processes, '_gather', lambda value: gathered.append(value) or [value])
+  monkeypatch.setattr(processes, '_gather',
+                      lambda *values: gathered.append(values) or np.array([values]))
   tiny = dict(data__train_split='train[:256]', data__eval_split='test[:100]',
               model__hidden_sizes=(16,))
   counts = []

@@ -155,15 +155,17 @@ def is_primary() -> bool:
   return jax.process_index() == 0
 
 
-def _gather(value: int) -> list[int]:
-  """`value` from every process, in process order (a collective: every process must call it)."""
+def _gather(*values: int) -> np.ndarray:
+  """`values` from every process, a row per process in process order (a collective: every process
+  must call it)."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-  return [int(v) for v in np.ravel(multihost_utils.process_allgather(np.int32(value)))]
+  gathered = multihost_utils.process_allgather(np.array(values, np.int32))
+  return np.reshape(gathered, (-1, len(values)))
 
 
 def true_on_every_process(ok: bool) -> bool:
   """Whether `ok` holds on every process (a collective: every process must call it)."""
-  return all(_gather(int(ok)))
+  return bool(_gather(int(ok)).all())
 
 
 def agree_at_epoch_end(signal_name: str | None, lock_lost: bool) -> tuple[str | None, bool]:
@@ -173,18 +175,19 @@ def agree_at_epoch_end(signal_name: str | None, lock_lost: bool) -> tuple[str | 
   Orbax's save needs every process at one epoch: a preempted host may be the only one signalled;
   without this, it would wait in the checkpoint save for peers that train on."""
   import jax  # pylint: disable=g-import-not-at-top
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   if jax.process_count() == 1:
     return signal_name, lock_lost
-  signals, locks_lost = np.reshape(multihost_utils.process_allgather(np.array(
-      [signal.Signals[signal_name].value if signal_name else 0, lock_lost], np.int32)), (-1, 2)).T
-  asked = int(signals.max())  # A row per process: its signal's number (0: none), its lock lost.
+  # A row per process: its signal's number (0: none), and whether its lock was lost.
+  signals, locks_lost = _gather(signal.Signals[signal_name].value if signal_name else 0,
+                                int(lock_lost)).T
+  asked = int(signals.max())
   return signal_name or (signal.Signals(asked).name if asked else None), bool(locks_lost.any())
 
 
 def check_same_checkpoints(newest_epoch: int) -> None:
   """Every process must see one newest checkpoint before any restores: orbax restores together."""
-  newest = _gather(newest_epoch)  # The same list on every process: all of them stop, or none.
+  # The same list on every process: all of them stop, or none.
+  newest = _gather(newest_epoch)[:, 0].tolist()
   if len(set(newest)) > 1:
     raise UserError(f'the processes see different checkpoints (newest epoch '
                     f'{", ".join(map(str, newest))} for processes 0, 1, ...; 0: none): give every '
@@ -195,7 +198,7 @@ def check_shared_directory(run_dir: RunDirectory) -> None:
   """Every process must see the run directory process 0 made: they all write one checkpoint."""
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   multihost_utils.sync_global_devices('run directory made')  # Process 0 made it before this.
-  seen = _gather(int(run_dir.exists()))
+  seen = _gather(int(run_dir.exists()))[:, 0].tolist()
   if not all(seen):
     missing = ', '.join(str(i) for i, ok in enumerate(seen) if not ok)
     raise UserError(f'process {missing} cannot see the run directory that process 0 made (here: '

@@ -86,7 +86,7 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
   if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
     mapped = jax.pmap(lambda _, first, rest: per_device(first, *rest), AXIS,
                       in_axes=(0, None, None), out_axes=None, devices=list(mesh.devices.flat),
-                      donate_argnums=tuple(1 + i for i in donated))
+                      donate_argnums=(1,) if donate else ())  # `first`: the state.
     index = jax.device_put(np.arange(mesh.size), NamedSharding(mesh, P(AXIS)))
     compiled = mapped.lower(index, args[0], args[1:]).compile()
     return lambda first, *rest: compiled(index, first, rest)
