@@ -31,7 +31,7 @@ def ensemble_of(config: ml_collections.ConfigDict) -> str:
   return f', ensemble of {config.num_models} models (mean probabilities)'
 
 
-def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float]:
+def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float | None]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
   images, labels = run.eval.images, run.eval.labels  # The host's copy: none comes back.
   predicted = predict_logits(state, run.epochs.eval_data[0], run.config).argmax(axis=1)
