@@ -460,6 +460,26 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, mnist_dir):
   assert blocker.read_text() == 'keep me'
 
 
+def test_settings_that_train_otherwise_than_they_read_are_each_a_warning_before_the_run(tmp_path):
+  """Dropout without a hidden layer, a warmup past the run's end: valid, and each warned of."""
+  assert config_rules.settings_to_warn_of(make_config()) == []
+  assert config_rules.settings_to_warn_of(make_config(model__hidden_sizes=(), eval_only=True)) == []
+  assert config_rules.settings_to_warn_of(make_config(
+      warmup_epochs=2.0, num_epochs=2, model__dropout_rate=0.0, model__hidden_sizes=())) == []
+  blocker = tmp_path / 'a_file'  # Ends the run, in its one line, after the warnings.
+  blocker.write_text('')
+  out = run_train(CONFIG, f'--workdir={blocker / "run"}', '--config.model.hidden_sizes=()',
+                  '--config.warmup_epochs=2.5', '--config.num_epochs=2')
+  assert out.returncode == 1 and out.stdout == ''
+  lines = out.stderr.splitlines()
+  assert lines[:2] == [
+      'warning: model.dropout_rate=0.2 does nothing: dropout acts on hidden layers and '
+      'model.hidden_sizes=() has none; pass --config.model.dropout_rate=0 to say so',
+      'warning: warmup_epochs=2.5 is longer than num_epochs=2: the learning rate never reaches '
+      'learning_rate=0.002 nor decays']
+  assert len(lines) == 3 and lines[2].startswith('error: cannot create the run directory ')
+
+
 def test_a_run_directory_this_user_cannot_write_names_a_copy_as_the_way_on(tmp_path,
                                                                            monkeypatch):
   """A shared, read-only run (eval_only writes its eval.jsonl there): a new folder alone would
