@@ -385,6 +385,8 @@ def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
     ('Forbidden', 'no permission to use gs://b (403'),
     ('Unauthorized', 'no permission to use gs://b (401'),
     ('DefaultCredentialsError', 'no Google Cloud credentials to reach gs://b'),
+    ('RefreshError', 'the Google Cloud credentials found could not be refreshed to reach gs://b '
+                     '(refused): expired or revoked; on a Cloud TPU or GCE VM'),
 ])
 def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top

@@ -103,6 +103,10 @@ def user_errors(workdir: str) -> Iterator[None]:
                     'machine\'s account the Storage Object Admin role on the bucket (gcloud '
                     f'storage buckets add-iam-policy-binding {bucket} ...) or pass another '
                     '--workdir') from error
+  except auth.RefreshError as error:  # Found, but expired or revoked: ('invalid_grant: ...', {}).
+    reason = error_reason(error.args[0] if error.args else error)
+    raise UserError(f'the Google Cloud credentials found could not be refreshed to reach {bucket} '
+                    f'({reason}): expired or revoked; {CREDENTIALS_HELP}') from error
   except auth.GoogleAuthError as error:
     raise UserError(f'no Google Cloud credentials to reach {bucket} ({type(error).__name__}); '
                     f'{CREDENTIALS_HELP}') from error
