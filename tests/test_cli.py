@@ -19,7 +19,7 @@ import train
 from errors import ConfigError, UserError, say
 from library_errors import THREAD_REFUSED
 from mlp.model import MLP
-from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly,
+from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly,
                             limit_address_space, make_config, override_flags, read_metrics,
                             run_train)
 from trainer import backend, config_rules
@@ -591,7 +591,9 @@ def test_a_model_too_big_for_the_machine_is_one_line_naming_what_to_lower(tmp_pa
                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1, out.stderr  # 14.4 GB of weights in 12 GB.
-  assert lines[0].startswith('error: this machine ran out of memory (')
-  assert 'Out of memory' in lines[0] and lines[0].endswith(f'); {LOWER_OR_MORE_MEMORY}')
+  assert lines[0].startswith('error: this machine ran out of memory training (')
+  assert 'Out of memory' in lines[0] and lines[0].endswith(
+      '); lower batch_size, num_models or model.hidden_sizes in a new --workdir, or use a device '
+      'with more memory')
   assert (workdir / 'run.lock').read_text() == '' and not list(workdir.glob('[0-9]*'))
 

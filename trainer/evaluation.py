@@ -20,7 +20,8 @@ _predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled 
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
                    config: ml_collections.ConfigDict) -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, as the evaluation makes them."""
-  with jax.default_matmul_precision(config.matmul_precision):
+  with (jax.default_matmul_precision(config.matmul_precision),
+        backend.device_memory_for('evaluating')):
     return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
 
 
