@@ -128,6 +128,8 @@ def prepare(config: ml_collections.ConfigDict, run_dir: 'RunDirectory') -> Calla
     processes.mute_native_stdout()
     processes.start_relay(run_dir, this_command())
   warn = functools.partial(reporting.warn, enabled=processes.is_primary())
+  for note in config_rules.settings_to_warn_of(config):
+    warn(note)
   compile_cache.enable(_COMPILATION_CACHE.value, warn)
   return warn
 

@@ -92,10 +92,6 @@ def run_train(*args: str, env: dict | None = None, timeout: int = 300, script: s
 TENSORFLOW_LOGS_AT_IMPORT = {'TF_ENABLE_ONEDNN_OPTS': '1'}
 
 
-# The fix a device out of memory names (trainer/backend.py).
-LOWER_OR_MORE_MEMORY = ('lower eval_batch_size (the same command then resumes), or batch_size, '
-                        'num_models or model.hidden_sizes in a new --workdir, or use a device with '
-                        'more memory')
 FREE_MEMORY = ("free memory (close other programs, or raise the process's memory limit) and rerun "
                'the same command, or lower batch_size, num_models or model.hidden_sizes in a new '
                '--workdir, or use a machine with more memory')

@@ -1,5 +1,6 @@
 """Checkpoints: exact resume after a stop, SIGTERM or SIGKILL; damaged ones, mismatches, NaN."""
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -36,8 +37,8 @@ from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import LOCK_FILE, RunDirectory
 from tests.test_library_errors import orbax_step_metadata_warnings
-from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, make_config, override_flags,
-                            read_metrics, run_train, without_timings)
+from tests.conftest import (FREE_MEMORY, ROOT, make_config, override_flags, read_metrics,
+                            run_train, without_timings)
 
 CONFIG = '--config=configs/default.py'
 # A checkpoint every epoch, however little time has passed since the last: these runs check what
@@ -364,6 +365,10 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   assert restore(small_copy, make_config(**SMALL)).epoch == 3
 
 
+# The fix a device out of memory names where what it was doing is not known (trainer/backend.py).
+LOWER_OR_MORE_MEMORY = ('lower eval_batch_size (the same command then resumes), or batch_size, '
+                        'num_models or model.hidden_sizes in a new --workdir, or use a device with '
+                        'more memory')
 XLA_OUT_OF_MEMORY = 'RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes.'
 NUMPY_OUT_OF_MEMORY = ('Unable to allocate 1.50 MiB for an array with shape (784, 512) and data '
                        'type float32')
@@ -384,6 +389,34 @@ def test_memory_that_runs_out_in_a_restore_is_one_line_and_moves_nothing(small_c
     loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
   assert str(stopped.value) == said
   assert snapshot(small_copy) == before  # Not taken for damage: nothing set aside.
+
+
+@pytest.mark.parametrize('doing, fix', [
+    ('training', 'lower batch_size, num_models or model.hidden_sizes in a new --workdir'),
+    ('evaluating', 'lower eval_batch_size (the same command then resumes)'),
+    ('drawing', 'lower eval_batch_size (the same command then resumes)')])
+def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, monkeypatch, doing,
+                                                                   fix):
+  """A smaller eval_batch_size does nothing for training's memory, nor batch_size for
+  evaluation's (the pictures' predictions are evaluation's too)."""
+  from trainer import run  # pylint: disable=g-import-not-at-top
+
+  def out_of_memory(*_, **__):
+    raise jax.errors.JaxRuntimeError(f'{XLA_OUT_OF_MEMORY}\nBufferAssignment OOM')
+
+  if doing == 'drawing':
+    monkeypatch.setattr(evaluation, '_predict', out_of_memory)
+  else:
+    compile_epochs = run.compile_epochs
+    program = {'training': 'train_program', 'evaluating': 'eval_program'}[doing]
+    monkeypatch.setattr(run, 'compile_epochs', lambda *args: dataclasses.replace(
+        compile_epochs(*args), **{program: out_of_memory}))
+  with pytest.raises(UserError) as stopped:
+    loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:512]',
+                                        data__eval_split='test[:100]'), RunDirectory(tmp_path))
+  said = 'evaluating' if doing == 'drawing' else doing
+  assert str(stopped.value) == (f'this machine ran out of memory {said} ({XLA_OUT_OF_MEMORY}); '
+                                f'{fix}, or use a device with more memory')
 
 
 def test_memory_that_runs_out_reading_a_checkpoint_s_metadata_is_no_damage(small_copy, monkeypatch):

@@ -19,7 +19,7 @@ import train
 from errors import ConfigError, UserError, say
 from library_errors import THREAD_REFUSED
 from mlp.model import MLP
-from tests.conftest import (FREE_MEMORY, LOWER_OR_MORE_MEMORY, ROOT, assert_fails_cleanly,
+from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly,
                             limit_address_space, make_config, override_flags, read_metrics,
                             run_train)
 from trainer import backend, config_rules
@@ -460,6 +460,26 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(tmp_path, mnist_dir):
   assert blocker.read_text() == 'keep me'
 
 
+def test_settings_that_train_otherwise_than_they_read_are_each_a_warning_before_the_run(tmp_path):
+  """Dropout without a hidden layer, a warmup past the run's end: valid, and each warned of."""
+  assert config_rules.settings_to_warn_of(make_config()) == []
+  assert config_rules.settings_to_warn_of(make_config(model__hidden_sizes=(), eval_only=True)) == []
+  assert config_rules.settings_to_warn_of(make_config(
+      warmup_epochs=2.0, num_epochs=2, model__dropout_rate=0.0, model__hidden_sizes=())) == []
+  blocker = tmp_path / 'a_file'  # Ends the run, in its one line, after the warnings.
+  blocker.write_text('')
+  out = run_train(CONFIG, f'--workdir={blocker / "run"}', '--config.model.hidden_sizes=()',
+                  '--config.warmup_epochs=2.5', '--config.num_epochs=2')
+  assert out.returncode == 1 and out.stdout == ''
+  lines = out.stderr.splitlines()
+  assert lines[:2] == [
+      'warning: model.dropout_rate=0.2 does nothing: dropout acts on hidden layers and '
+      'model.hidden_sizes=() has none; pass --config.model.dropout_rate=0 to say so',
+      'warning: warmup_epochs=2.5 is longer than num_epochs=2: the learning rate never reaches '
+      'learning_rate=0.002 nor decays']
+  assert len(lines) == 3 and lines[2].startswith('error: cannot create the run directory ')
+
+
 def test_a_run_directory_this_user_cannot_write_names_a_copy_as_the_way_on(tmp_path,
                                                                            monkeypatch):
   """A shared, read-only run (eval_only writes its eval.jsonl there): a new folder alone would
@@ -571,7 +591,9 @@ def test_a_model_too_big_for_the_machine_is_one_line_naming_what_to_lower(tmp_pa
                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1, out.stderr  # 14.4 GB of weights in 12 GB.
-  assert lines[0].startswith('error: this machine ran out of memory (')
-  assert 'Out of memory' in lines[0] and lines[0].endswith(f'); {LOWER_OR_MORE_MEMORY}')
+  assert lines[0].startswith('error: this machine ran out of memory training (')
+  assert 'Out of memory' in lines[0] and lines[0].endswith(
+      '); lower batch_size, num_models or model.hidden_sizes in a new --workdir, or use a device '
+      'with more memory')
   assert (workdir / 'run.lock').read_text() == '' and not list(workdir.glob('[0-9]*'))
 

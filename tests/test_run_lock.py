@@ -385,6 +385,8 @@ def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
     ('Forbidden', 'no permission to use gs://b (403'),
     ('Unauthorized', 'no permission to use gs://b (401'),
     ('DefaultCredentialsError', 'no Google Cloud credentials to reach gs://b'),
+    ('RefreshError', 'the Google Cloud credentials found could not be refreshed to reach gs://b '
+                     '(refused): expired or revoked; on a Cloud TPU or GCE VM'),
 ])
 def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
@@ -453,3 +455,30 @@ def test_cloud_storage_out_of_reach_is_one_line_with_or_without_a_project(
   assert str(refused.value) == UNREACHABLE
   assert time.monotonic() - started < 20
   assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize('answer', ['ServiceUnavailable', 'TooManyRequests', 'InternalServerError'])
+@pytest.mark.parametrize('retried', [True, False], ids=['retries ran out', 'not retried'])
+def test_cloud_storage_busy_or_failing_is_said_so_not_as_this_machine_s_network(answer, retried):
+  """A 429 or 5xx is an answer: the network works, and waiting is the fix."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  last = getattr(exceptions, answer)('GET https://storage.googleapis.com/storage/v1/b/b/o: We '
+                                     'encountered an internal error.\n<html>a proxy\'s page</html>')
+  with pytest.raises(UserError) as error, run_dir.user_errors('gs://b/run'):
+    if retried:
+      raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
+    raise last
+  assert str(error.value) == (
+      f'Cloud Storage answered gs://b with {last.code} GET https://storage.googleapis.com/storage/'
+      'v1/b/b/o: We encountered an internal error. until the retries ran out: busy or failing for '
+      'a while, not this machine; rerun the same command later (https://status.cloud.google.com)')
+
+
+def test_cloud_storage_out_of_reach_is_said_as_this_machine_s_network():
+  import requests  # pylint: disable=g-import-not-at-top
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  last = requests.ConnectionError('Max retries exceeded')
+  last.__cause__ = ConnectionRefusedError(111, 'Connection refused')
+  with pytest.raises(UserError) as error, run_dir.user_errors('gs://b/run'):
+    raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
+  assert str(error.value) == UNREACHABLE

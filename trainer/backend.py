@@ -95,14 +95,50 @@ def out_of_memory(error: BaseException) -> BaseException | None:
       and bool(DEVICE_OUT_OF_MEMORY.search(str(cause)))))
 
 
+# What to lower when the device's memory runs out, by what it was doing (None: not known).
+_LOWER = {
+    'training': 'lower batch_size, num_models or model.hidden_sizes in a new --workdir',
+    'evaluating': 'lower eval_batch_size (the same command then resumes)',
+    None: 'lower eval_batch_size (the same command then resumes), or batch_size, num_models or '
+          'model.hidden_sizes in a new --workdir'}
+
+
+class DeviceOutOfMemory(UserError):
+  """The device's memory ran out, said with the fix for what it was doing: said once."""
+
+
+def _device_ran_out(error: BaseException, doing: str | None) -> DeviceOutOfMemory:
+  """The line for the device out of memory while `doing`: what to lower, or a bigger device."""
+  import jax  # pylint: disable=g-import-not-at-top
+  backend = jax.default_backend()
+  device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
+  doing_words = f' {doing}' if doing else ''
+  return DeviceOutOfMemory(f'{device} ran out of memory{doing_words} ({error_reason(error)}); '
+                           f'{_LOWER[doing]}, or use a device with more memory')
+
+
+@contextlib.contextmanager
+def device_memory_for(doing: str) -> Iterator[None]:
+  """The device's memory run out while `doing` ('training' or 'evaluating') as that one's line:
+  evaluation's fix (a smaller eval_batch_size) does nothing for training's."""
+  try:
+    yield
+  except Exception as error:  # pylint: disable=broad-except; re-raised unless memory ran out
+    memory_error = out_of_memory(error)
+    if memory_error is None or isinstance(memory_error, MemoryError):  # The host's: said outside.
+      raise
+    raise _device_ran_out(memory_error, doing) from error
+
+
 @contextlib.contextmanager
 def machine_limits_said() -> Iterator[None]:
   """Memory that ran out, on the device or the host, or a thread the OS would not start, as the
   user's one line: what to lower or free. Orbax's threads that such a failure stranded are the
   exit's to end (train.py)."""
-  import jax  # pylint: disable=g-import-not-at-top
   try:
     yield
+  except DeviceOutOfMemory:  # Said already, where it was met (device_memory_for).
+    raise
   except Exception as error:  # pylint: disable=broad-except; re-raised unless a limit was met
     if line := thread_refused(error):
       raise UserError(line) from error
@@ -111,10 +147,5 @@ def machine_limits_said() -> Iterator[None]:
       raise
     if isinstance(memory_error, MemoryError):
       raise UserError(host_out_of_memory(memory_error)) from error
-    reason = error_reason(memory_error)
-    backend = jax.default_backend()
-    device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
-    raise UserError(f'{device} ran out of memory ({reason}); lower eval_batch_size (the same '
-                    'command then resumes), or batch_size, num_models or model.hidden_sizes in a '
-                    'new --workdir, or use a device with more memory') from error
+    raise _device_ran_out(memory_error, None) from error
 

@@ -136,6 +136,22 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_together(config)
 
 
+def settings_to_warn_of(config: ml_collections.ConfigDict) -> list[str]:
+  """Valid settings that train otherwise than their fields read: a line each to warn the user."""
+  notes: list[str] = []
+  if config.eval_only:  # Trains nothing.
+    return notes
+  if config.model.dropout_rate > 0 and not config.model.hidden_sizes:
+    notes.append(f'model.dropout_rate={config.model.dropout_rate} does nothing: dropout acts on '
+                 'hidden layers and model.hidden_sizes=() has none; pass '
+                 '--config.model.dropout_rate=0 to say so')
+  if config.warmup_epochs > config.num_epochs:
+    notes.append(f'warmup_epochs={config.warmup_epochs} is longer than num_epochs='
+                 f'{config.num_epochs}: the learning rate never reaches learning_rate='
+                 f'{config.learning_rate}' + (' nor decays' if config.schedule == 'cosine' else ''))
+  return notes
+
+
 def fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
   """Each field by its dotted name, as a flag names it: `data.distort.rotation`."""
   return traverse_util.flatten_dict(config.to_dict(), sep='.')

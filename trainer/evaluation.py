@@ -20,7 +20,8 @@ _predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled 
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
                    config: ml_collections.ConfigDict) -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, as the evaluation makes them."""
-  with jax.default_matmul_precision(config.matmul_precision):
+  with (jax.default_matmul_precision(config.matmul_precision),
+        backend.device_memory_for('evaluating')):
     return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
 
 
@@ -31,7 +32,7 @@ def ensemble_of(config: ml_collections.ConfigDict) -> str:
   return f', ensemble of {config.num_models} models (mean probabilities)'
 
 
-def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float]:
+def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float | None]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
   images, labels = run.eval.images, run.eval.labels  # The host's copy: none comes back.
   predicted = predict_logits(state, run.epochs.eval_data[0], run.config).argmax(axis=1)

@@ -20,16 +20,16 @@ def confusion_matrix(labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
   return np.bincount(10 * labels.astype(np.int64) + predicted, minlength=100).reshape(10, 10)
 
 
-def per_digit_accuracy(matrix: np.ndarray) -> list[float]:
-  """Each digit's share of its examples predicted right (0 for a digit with no example)."""
+def per_digit_accuracy(matrix: np.ndarray) -> list[float | None]:
+  """Each digit's share of its examples predicted right; None (JSON's null), not a 0 that reads as
+  all wrong, for a digit a small eval split holds none of."""
   totals = matrix.sum(axis=1)
-  return [float(matrix[d, d] / totals[d]) if totals[d] else 0.0 for d in range(10)]
+  return [float(matrix[d, d] / totals[d]) if totals[d] else None for d in range(10)]
 
 
 def per_digit_text(matrix: np.ndarray) -> str:
-  """Each digit's accuracy as printed; n/a, not 0%, for a digit a small eval split holds none of."""
-  counts = matrix.sum(axis=1)
-  return '  '.join(f'{digit} {100 * share:.1f}%' if counts[digit] else f'{digit} n/a'
+  """Each digit's accuracy as printed; n/a for a digit the eval split holds none of."""
+  return '  '.join(f'{digit} n/a' if share is None else f'{digit} {100 * share:.1f}%'
                    for digit, share in enumerate(per_digit_accuracy(matrix)))
 
 

@@ -20,7 +20,7 @@ from errors import ConfigError
 from mlp import augment, batches, epoch, optim, randomness, steps
 from mlp.model import MLP
 from trainer import processes
-from trainer.backend import machine_limits_said
+from trainer.backend import device_memory_for, machine_limits_said
 from trainer.checkpoints import Checkpoints, refuse_other_numbers
 from trainer.reporting import Reporter
 from trainer.run_dir import STALE_AFTER_S, RunDirectory, RunLock
@@ -195,13 +195,16 @@ class Epochs:
     assert self.train_program is not None and self.train_data is not None, 'built to evaluate'
     with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
       number_on_mesh = replicate(np.int32(number), self.mesh)
-    state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
-    return state, figures(jax.device_get(sums))
+    with device_memory_for('training'):
+      state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
+      sums = jax.device_get(sums)
+    return state, figures(sums)
 
   def evaluate(self, state: steps.TrainState) -> dict[str, Any]:
     """The eval split's mean loss and accuracy for `state`; of members, also each one's and their
     ensemble's (`ensemble_loss`, `ensemble_accuracy`)."""
-    sums = jax.device_get(self.eval_program(state, self.eval_data))
+    with device_memory_for('evaluating'):
+      sums = jax.device_get(self.eval_program(state, self.eval_data))
     if isinstance(sums, dict):
       return figures(sums)
     members, ensemble = sums

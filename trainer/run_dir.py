@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 from etils import epath
 
-from errors import UserError, causes, error_reason, write_failed
+from errors import UserError, causes, error_reason, first_cause, write_failed
 
 REMOTE_PREFIX = 'gs://'
 URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')  # s3://, https://: no run directory here.
@@ -67,6 +67,20 @@ def _unreachable_reason(error: BaseException) -> str:
   return said[-1] if said else error_reason(chain[-1])
 
 
+def _unanswered(bucket: str, error: BaseException) -> str:
+  """The line for retries run out: Cloud Storage busy or failing (429, 5xx: the network is fine),
+  or no answer at all (offline, no name server)."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
+  answer = first_cause(error, lambda cause: isinstance(
+      cause, (exceptions.TooManyRequests, exceptions.ServerError)))
+  if isinstance(answer, exceptions.GoogleAPICallError):
+    return (f'Cloud Storage answered {bucket} with {answer.code} {error_reason(answer.message)} '
+            'until the retries ran out: busy or failing for a while, not this machine; rerun the '
+            'same command later (https://status.cloud.google.com)')
+  return (f'cannot reach Cloud Storage for {bucket} ({_unreachable_reason(error)}); check this '
+          "machine's network connection, then rerun the same command")
+
+
 @contextlib.contextmanager
 def user_errors(workdir: str) -> Iterator[None]:
   """Cloud Storage's refusals as the one line a user acts on, naming the bucket and the fix."""
@@ -77,11 +91,9 @@ def user_errors(workdir: str) -> Iterator[None]:
   bucket = f'{REMOTE_PREFIX}{workdir[len(REMOTE_PREFIX):].split("/", 1)[0]}'
   try:
     yield
-  except (exceptions.RetryError, auth.TransportError, requests.ConnectionError,
-          requests.Timeout) as error:  # Offline, or no name server: the retries ran out.
-    raise UserError(f'cannot reach Cloud Storage for {bucket} ({_unreachable_reason(error)}); '
-                    "check this machine's network connection, then rerun the same "
-                    'command') from error
+  except (exceptions.RetryError, exceptions.TooManyRequests, exceptions.ServerError,
+          auth.TransportError, requests.ConnectionError, requests.Timeout) as error:
+    raise UserError(_unanswered(bucket, error)) from error
   except exceptions.NotFound as error:
     raise UserError(f'the bucket {bucket} of --workdir={workdir} does not exist; create it '
                     f'(gcloud storage buckets create {bucket} --location=REGION) or pass another '
@@ -91,6 +103,10 @@ def user_errors(workdir: str) -> Iterator[None]:
                     'machine\'s account the Storage Object Admin role on the bucket (gcloud '
                     f'storage buckets add-iam-policy-binding {bucket} ...) or pass another '
                     '--workdir') from error
+  except auth.RefreshError as error:  # Found, but expired or revoked: ('invalid_grant: ...', {}).
+    reason = error_reason(error.args[0] if error.args else error)
+    raise UserError(f'the Google Cloud credentials found could not be refreshed to reach {bucket} '
+                    f'({reason}): expired or revoked; {CREDENTIALS_HELP}') from error
   except auth.GoogleAuthError as error:
     raise UserError(f'no Google Cloud credentials to reach {bucket} ({type(error).__name__}); '
                     f'{CREDENTIALS_HELP}') from error
