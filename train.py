@@ -95,7 +95,7 @@ def interrupted() -> None:
   mid-save, and the exit would wait on them forever. Every complete checkpoint stays, and the run
   lock is released: nothing more is written."""
   # Not imported yet, or only partly (a Ctrl-C during its import): no lock is held.
-  release = getattr(sys.modules.get('trainer.run_dir'), 'release_held_locks', None)
+  release = getattr(sys.modules.get('trainer.run_lock'), 'release_held_locks', None)
   if release:
     release()
   fail('interrupted before the next checkpoint; the same command resumes from the newest one, or '

@@ -35,7 +35,8 @@ import library_errors
 from errors import UserError
 from trainer.loop import Preempted, StopRequest
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from trainer.run_dir import LOCK_FILE, RunDirectory
+from trainer.run_dir import RunDirectory
+from trainer.run_lock import LOCK_FILE
 from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (FREE_MEMORY, ROOT, make_config, override_flags, read_metrics,
                             run_train, without_timings)

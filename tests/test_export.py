@@ -16,7 +16,8 @@ from data.mnist import load_split
 from tests.conftest import ROOT, TENSORFLOW_LOGS_AT_IMPORT, make_config, override_flags, run_train
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
-from trainer.run_dir import RunDirectory, RunLock
+from trainer.run_dir import RunDirectory
+from trainer.run_lock import RunLock
 
 HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Python 3.14 yet.
 FORMATS = ['stablehlo', *(['savedmodel'] if HAS_TENSORFLOW else [])]

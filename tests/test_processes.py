@@ -27,7 +27,7 @@ from library_errors import JAX_ABORT
 from trainer import processes
 from trainer.processes import relay
 from trainer.reporting import METRICS_FILE
-from trainer.run_dir import LOCK_FILE
+from trainer.run_lock import LOCK_FILE
 
 CONFIG = '--config=configs/default.py'
 

@@ -15,11 +15,13 @@ import pytest
 from errors import UserError
 from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, offline_credentials,
                             override_flags, read_metrics, run_train)
-from trainer import run_dir
+from trainer import cloud_storage
 from trainer.reporting import METRICS_FILE
-from trainer.run_dir import LOCK_FILE, RunDirectory, RunLock, this_machine
+from trainer.run_dir import RunDirectory
+from trainer.run_lock import LOCK_FILE, RunLock, this_machine
 
-HOLD = ('import sys, time; from trainer.run_dir import RunDirectory, RunLock\n'
+HOLD = ('import sys, time; from trainer.run_dir import RunDirectory\n'
+        'from trainer.run_lock import RunLock\n'
         'with RunLock(RunDirectory(sys.argv[1]), stale_after=float((sys.argv[2:] or [120])[0])):\n'
         '  print("held", flush=True); time.sleep(600)')
 
@@ -391,10 +393,9 @@ def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
 def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
-  from trainer import run_dir as storage  # pylint: disable=g-import-not-at-top
   raised = getattr(exceptions, error, None) or getattr(auth, error)
   with pytest.raises(UserError, match=re.escape(expected)) as refusal:
-    with storage.user_errors('gs://b/run'):
+    with cloud_storage.user_errors('gs://b/run'):
       raise raised('refused')
   assert '\n' not in str(refusal.value)
 
@@ -448,7 +449,7 @@ def test_cloud_storage_out_of_reach_is_one_line_with_or_without_a_project(
     monkeypatch.delenv(name, raising=False)
   for name, value in offline_credentials(tmp_path, project).items():
     monkeypatch.setenv(name, value)
-  monkeypatch.setattr(run_dir, 'REACH_TIMEOUT_S', 1.0)
+  monkeypatch.setattr(cloud_storage, 'REACH_TIMEOUT_S', 1.0)
   started = time.monotonic()
   with pytest.raises(UserError) as refused:
     RunDirectory('gs://b/run').make()
@@ -464,7 +465,7 @@ def test_cloud_storage_busy_or_failing_is_said_so_not_as_this_machine_s_network(
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   last = getattr(exceptions, answer)('GET https://storage.googleapis.com/storage/v1/b/b/o: We '
                                      'encountered an internal error.\n<html>a proxy\'s page</html>')
-  with pytest.raises(UserError) as error, run_dir.user_errors('gs://b/run'):
+  with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
     if retried:
       raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
     raise last
@@ -479,6 +480,6 @@ def test_cloud_storage_out_of_reach_is_said_as_this_machine_s_network():
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   last = requests.ConnectionError('Max retries exceeded')
   last.__cause__ = ConnectionRefusedError(111, 'Connection refused')
-  with pytest.raises(UserError) as error, run_dir.user_errors('gs://b/run'):
+  with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
     raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
   assert str(error.value) == UNREACHABLE

@@ -17,7 +17,8 @@ from trainer import evaluation, processes, reporting
 from trainer.checkpoints import Restored
 from trainer.config_rules import config_from_flat
 from trainer.run import Run, learning, open_run
-from trainer.run_dir import STALE_AFTER_S, RunDirectory
+from trainer.run_dir import RunDirectory
+from trainer.run_lock import STALE_AFTER_S
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

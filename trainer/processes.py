@@ -28,7 +28,8 @@ import numpy as np
 from command import fail
 from errors import UserError, causes
 from library_errors import JAX_ABORT, PEER_LOST
-from trainer.run_dir import RunDirectory, release_held_locks
+from trainer.run_dir import RunDirectory
+from trainer.run_lock import release_held_locks
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.

@@ -23,7 +23,8 @@ from trainer import processes
 from trainer.backend import device_memory_for, machine_limits_said
 from trainer.checkpoints import Checkpoints, refuse_other_numbers
 from trainer.reporting import Reporter
-from trainer.run_dir import STALE_AFTER_S, RunDirectory, RunLock
+from trainer.run_dir import RunDirectory
+from trainer.run_lock import STALE_AFTER_S, RunLock
 
 AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
 
