@@ -240,6 +240,37 @@ def test_a_run_is_exported_while_it_trains_and_saves_on(tmp_path, mnist_dir):
   assert restored.damaged == () and restored.epoch > epoch >= 1  # Its saves went on, all whole.
 
 
+# export.py with its writer made to stop itself once a file is half written in the staged folder.
+STOPPED_MIDWAY = ('import os, runpy, signal, sys, time\n'
+                  'from serving import artifacts\n'
+                  'sent = getattr(signal, sys.argv[1])\n'
+                  'def write(state, precision, formats, folder, about):\n'
+                  '  with open(os.path.join(folder, "model.jax_export"), "wb") as f:\n'
+                  '    f.write(b"half")\n'
+                  '  os.kill(os.getpid(), sent)\n'
+                  '  time.sleep(60)\n'
+                  'artifacts.write = write\n'
+                  'sys.argv = ["export.py", *sys.argv[2:]]\n'
+                  'runpy.run_path("export.py", run_name="__main__")\n')
+
+
+@pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
+@pytest.mark.parametrize('sent, said', [('SIGINT', 'Ctrl-C'), ('SIGTERM', 'SIGTERM')])
+def test_a_signal_while_writing_is_one_line_and_leaves_no_staged_copy(sent, said, run, tmp_path):
+  out = tmp_path / 'model'
+  out.mkdir()
+  (out / 'export.json').write_text('{"epoch": 0}')
+  before = snapshot(tmp_path)
+  stopped = subprocess.run([sys.executable, '-c', STOPPED_MIDWAY, sent, f'--workdir={run}',
+                            f'--out={out}', '--overwrite'], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+  assert stopped.returncode == 128 + getattr(signal, sent), stopped.stderr
+  assert stopped.stderr.strip().splitlines() == [
+      f'error: stopped by {said} while writing the export; rerun the same command to export the '
+      'run']
+  assert snapshot(tmp_path) == before  # No staged copy beside it; the older export untouched.
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('form', FORMATS)
 def test_a_full_disk_is_one_line_and_leaves_the_export_there_as_it_was(form, run, tiny_disk):
