@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import signal
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from data.mnist import load_split
+from errors import UserError
+from serving.folder import OutFolder
 from tests.conftest import ROOT, TENSORFLOW_LOGS_AT_IMPORT, make_config, override_flags, run_train
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
@@ -158,6 +161,19 @@ def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported,
   assert json.loads((out / 'export.json').read_text())['files'] == {
       'stablehlo': 'model.jax_export'}
   assert not list(tmp_path.glob('.model.partial-*'))
+
+
+def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
+  """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
+  (tmp_path / 'notes.txt').write_text('keep me')
+  out = OutFolder(str(tmp_path / 'notes.txt' / 'model'))
+  out.check(str(tmp_path / 'run'))
+  with pytest.raises(UserError, match=r'^cannot write \S+/notes.txt/model \(File exists\); move '
+                     'the folder or file in its way out of it, then rerun the same command$'):
+    with out.staged():
+      pass
+  assert sorted(os.listdir(tmp_path)) == ['notes.txt']
+  assert (tmp_path / 'notes.txt').read_text() == 'keep me'
 
 
 def hide_tensorflow(folder) -> dict[str, str]:
