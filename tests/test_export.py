@@ -163,6 +163,43 @@ def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported,
   assert not list(tmp_path.glob('.model.partial-*'))
 
 
+# Each mistake with the standalone loader: what is made in a folder, the loader's arguments after
+# the script, the modules it cannot import, and what its one line says.
+LOADER_MISTAKES = {
+    'no folder': (lambda f: None, ['{f}/missing'], '',
+                  'is not a folder; pass the --out folder that export.py wrote'),
+    'a run, not an export': (lambda f: (f / 'run').mkdir(), ['{f}/run'], '',
+                             'holds no stablehlo export (model.jax_export); pass the --out folder'),
+    'the other format': (lambda f: (f / 'out' / 'saved_model').mkdir(parents=True), ['{f}/out'],
+                         '', 'holds no stablehlo export (model.jax_export); pass '
+                         '--format=savedmodel, the format it holds'),
+    'no tensorflow': (lambda f: (f / 'out' / 'saved_model').mkdir(parents=True),
+                      ['{f}/out', '--format=savedmodel'], 'tensorflow',
+                      '--format=savedmodel needs tensorflow (import of tensorflow halted'),
+    'no jax': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'], 'jax',
+               '--format=stablehlo needs jax (import of jax halted'),
+    'images not IDX': (lambda f: (f / 'seven.png').write_bytes(b'x' * 64),
+                       ['{f}', '--images={f}/seven.png'], '',
+                       'seven.png is not a whole IDX file of 28x28 images; pass one'),
+    'batch of none': (lambda f: None, ['{f}', '--batch_sizes=1,0'], '',
+                      "argument --batch_sizes: '1,0' is not counts of 1 or more, e.g. 1,37; "
+                      'usage:'),
+}
+
+
+@pytest.mark.parametrize('case', LOADER_MISTAKES)
+def test_the_standalone_loader_says_a_mistake_in_one_line(case, tmp_path):
+  make, args, hidden, expected = LOADER_MISTAKES[case]
+  make(tmp_path)
+  loaded = subprocess.run(
+      [sys.executable, '-I', '-c', LOAD, hidden, str(ROOT / 'serving' / 'load_export.py'),
+       *(arg.format(f=tmp_path) for arg in args)],
+      cwd=tmp_path, capture_output=True, text=True, timeout=60)
+  lines = loaded.stderr.strip().splitlines()
+  assert loaded.returncode in (1, 2) and loaded.stdout == '', loaded.stderr
+  assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], loaded.stderr
+
+
 def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
   """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
   (tmp_path / 'notes.txt').write_text('keep me')
