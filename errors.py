@@ -123,8 +123,8 @@ def _os_reason(text: str) -> str:
   return clipped(text)
 
 
-# A folder for a file, or back.
-IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR))
+# A folder for a file, or back; a file where a folder on the way is made (os.makedirs).
+IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR), os.strerror(errno.EEXIST))
 NO_FOLDER = os.strerror(errno.ENOENT)  # A folder on the way gone, or one that takes no new files.
 
 

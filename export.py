@@ -24,6 +24,7 @@ _FORMATS = flags.DEFINE_list(
     '(runs with JAX alone), a TensorFlow SavedModel by jax2tf (needs the TensorFlow extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
+STOP_SIGNALS = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] '
          '[--overwrite]')  # A path from here.
 
@@ -40,6 +41,19 @@ def parse_flags(argv: list[str]) -> list[str]:
     if mistake:
       fail(f'{why}: {USAGE}', 2)
   return rest
+
+
+class Stopped(KeyboardInterrupt):
+  """A Ctrl-C or a SIGTERM while the export is written: it unwinds as a Ctrl-C does, so that the
+  staged copy is removed (start_command's exit at once would leave it beside --out)."""
+
+  def __init__(self, number: int):
+    super().__init__(STOP_SIGNALS[signal.Signals(number)])
+    self.status = 128 + number  # The shell's status for the signal.
+
+
+def _unwind(number: int, _: object) -> None:
+  raise Stopped(number)
 
 
 def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str, ensemble: str) -> None:
@@ -67,8 +81,9 @@ def main(argv: list[str]) -> None:
     from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(given)
     config, restored = evaluation.restore_run(workdir)
-    # From here a Ctrl-C unwinds, so that the staged copy is removed and an export there stays.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # From here a signal unwinds, so that the staged copy is removed and an export there stays.
+    for number in STOP_SIGNALS:
+      signal.signal(number, _unwind)
     with out.staged() as staging:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,
@@ -76,9 +91,9 @@ def main(argv: list[str]) -> None:
     report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
   except UserError as error:
     fail(str(error), 1)
-  except KeyboardInterrupt:
-    fail('stopped by Ctrl-C while writing the export; rerun the same command to export the run',
-         130)
+  except Stopped as stop:
+    fail(f'stopped by {stop} while writing the export; rerun the same command to export the run',
+         stop.status)
 
 
 if __name__ == '__main__':

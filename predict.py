@@ -79,6 +79,9 @@ def read_digit(path: str) -> np.ndarray:
   except UnidentifiedImageError as error:
     raise UserError(f'{path} is not an image Pillow can read; pass PNG, JPEG or another picture '
                     'format') from error
+  except digit_images.NotFinite as error:
+    raise UserError(f'{path}: {error}; pass a picture whose pixels are all numbers, such as an '
+                    '8-bit PNG or JPEG of it') from error
   except digit_images.NoDigit as error:
     raise UserError(f'{path}: {error}; pass a picture of one dark digit on a light page, or the '
                     'reverse') from error

@@ -13,6 +13,7 @@ shows each one's time from launch to exit (median and fastest: on a shared machi
 the least disturbed) and its CPU time (user + system).
 """
 
+import math
 import os
 import resource
 import statistics
@@ -54,9 +55,26 @@ def _folder_bytes(folder: str) -> int:
   return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
 
 
+def check_min_seconds() -> None:
+  """--min_seconds: each a finite number of seconds, 0 or more, and only where cadences are timed:
+  else train.py would refuse it after the minutes of --part=costs."""
+  for text in MIN_SECONDS.value:
+    try:
+      seconds = float(text)
+    except ValueError:
+      seconds = -1.0
+    if not (math.isfinite(seconds) and seconds >= 0):
+      raise UserError(f'--min_seconds={",".join(MIN_SECONDS.value)}: {text!r} is not a number of '
+                      'seconds, 0 or more; pass e.g. --min_seconds=0.5,5')
+  if MIN_SECONDS.value and PART.value == 'costs':
+    raise UserError('--min_seconds adds cadences to time, which --part=costs leaves out; pass '
+                    '--part=all or --part=cadence, or leave --min_seconds out')
+
+
 def main(argv: list[str]) -> None:
   del argv
   try:
+    check_min_seconds()
     data_dir = workload.check_data_dir(without=None)
     if PART.value != 'cadence':
       measure(data_dir)

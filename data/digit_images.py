@@ -20,11 +20,22 @@ class NoDigit(UserError):
   """A picture with no ink to read: blank, or too faint."""
 
 
+class NotFinite(UserError):
+  """A float picture (a TIFF of measurements, say) with pixels that are NaN or infinite: no grey
+  level can be made of them, and one would turn every other pixel into NaN."""
+
+
 def grayscale(image: Image.Image) -> np.ndarray:
-  """float32 [H, W] grey levels 0-255 of any Pillow image; transparency counts as white paper."""
+  """float32 [H, W] grey levels 0-255 of any Pillow image; transparency counts as white paper.
+
+  Raises NotFinite for a float picture with NaN or infinite pixels.
+  """
   image = ImageOps.exif_transpose(image)  # Phone photos store their rotation apart.
   if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'F'):  # 16-bit and float: scaled to 0-255.
     pixels: np.ndarray = np.asarray(image, np.float32)
+    bad = int(np.size(pixels) - np.count_nonzero(np.isfinite(pixels)))
+    if bad:
+      raise NotFinite(f'{bad} of its {np.size(pixels)} pixels are NaN or infinite')
     return pixels * np.float32(255.0 / max(float(np.max(pixels)), 1.0))
   if 'A' in image.getbands() or 'transparency' in image.info:
     image = Image.alpha_composite(Image.new('RGBA', image.size, 'white'), image.convert('RGBA'))
@@ -93,7 +104,7 @@ def centred(digit: np.ndarray) -> np.ndarray:
 def to_mnist(image: Image.Image) -> np.ndarray:
   """uint8 [28, 28] MNIST pixels of a picture of one digit; an MNIST-like image is kept as it is.
 
-  Raises NoDigit for a picture without ink.
+  Raises NoDigit for a picture without ink, NotFinite for one with pixels that are no numbers.
   """
   pixels, page = light_on_dark(grayscale(image))
   if looks_like_mnist(pixels):

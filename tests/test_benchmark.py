@@ -246,6 +246,21 @@ def test_members_benchmark_refuses_a_single_member_in_one_line():
       'e.g. --num_models=3 --repeats=5 --launch_epochs=2']
 
 
+@pytest.mark.parametrize('args, said', [
+    (['--min_seconds=0.5,abc'], "'abc' is not a number of seconds, 0 or more; pass e.g. "
+                                '--min_seconds=0.5,5'),
+    (['--min_seconds=5', '--part=costs'], '--min_seconds adds cadences to time, which '
+                                          '--part=costs leaves out')])
+def test_checkpoint_times_refuses_min_seconds_it_cannot_time_before_any_measurement(args, said):
+  """Else the costs are measured for minutes first, and then train.py refuses the value (or, with
+  --part=costs, the flag does nothing)."""
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.checkpoint_times', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=20)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and out.stdout == '', out.stderr
+  assert len(lines) == 1 and lines[0].startswith('error: --min_seconds') and said in lines[0]
+
+
 def recipes(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, '-m', 'benchmarks.recipes', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300)

@@ -348,6 +348,27 @@ TRANSIENT = {
 }
 
 
+def test_metadata_this_user_may_not_read_is_not_damage_and_moves_nothing(tmp_path, monkeypatch):
+  """predict.py and export.py read the run's config first: metadata this user may not read (a
+  folder of another user's) is named as that, not as damage whose fix is to move checkpoints away.
+  (The OS's refusal is patched in: root reads any file.)"""
+  meta = tmp_path / '1' / checkpoint.META_FILE
+  meta.parent.mkdir(parents=True)
+  meta.write_text('{}')
+  gpath, read_text = type(RunDirectory(tmp_path).path()), epath.Path.read_text
+
+  def read_as_the_os_would(path, *args, **kwargs):
+    if os.fspath(path) == str(meta):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+    return read_text(path, *args, **kwargs)
+  monkeypatch.setattr(gpath, 'read_text', read_as_the_os_would)
+  with pytest.raises(UserError, match=rf'^cannot read the checkpoint of epoch 1 in {tmp_path} '
+                     r'\(PermissionError: .*\); every checkpoint was left in place: let this user '
+                     'read its files, then rerun the same command$'):
+    evaluation.restore_run(RunDirectory(tmp_path))
+  assert meta.read_text() == '{}' and sorted(os.listdir(tmp_path)) == ['1']
+
+
 @pytest.mark.parametrize('case', TRANSIENT)
 def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
     case, small_copy, monkeypatch):

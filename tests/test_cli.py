@@ -1,5 +1,6 @@
 """train.py as users run it: a real-data run, and one clear line for each kind of mistake."""
 
+import errno
 import gzip
 import os
 import shlex
@@ -485,10 +486,32 @@ def test_a_run_directory_this_user_cannot_write_names_a_copy_as_the_way_on(tmp_p
   """A shared, read-only run (eval_only writes its eval.jsonl there): a new folder alone would
   hold no checkpoint to go on from. (os.access is patched: root may write anywhere.)"""
   (tmp_path / 'run').mkdir()
-  monkeypatch.setattr(os, 'access', lambda path, mode: False)
+  monkeypatch.setattr(os, 'access', lambda path, mode: not mode & os.W_OK)  # Read, not written.
   with pytest.raises(UserError, match=r'is not writable; pass a --workdir that can be written to '
                                       r'\(a copy of this one, to go on from its checkpoints'):
     RunDirectory(tmp_path / 'run').make()
+
+
+@pytest.mark.parametrize('use', [
+    lambda run: loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(run)),
+    lambda run: evaluation.restore_run(RunDirectory(run))], ids=['resume', 'predict or export'])
+def test_a_run_directory_this_user_may_not_list_is_one_line(use, tmp_path, monkeypatch):
+  """Another user's private run (mode 700): a resume, predict.py and export.py name it before
+  listing its checkpoints. (The OS's answers are patched: root may list anything.)"""
+  run, listdir, access = tmp_path / 'run', os.listdir, os.access
+  run.mkdir()
+
+  def list_as_the_os_would(path='.'):
+    if os.fspath(path) == str(run):
+      raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+    return listdir(path)
+  monkeypatch.setattr(os, 'listdir', list_as_the_os_would)
+  monkeypatch.setattr(os, 'access', lambda path, mode: (
+      not mode & os.R_OK if os.fspath(path) == str(run) else access(path, mode)))
+  with pytest.raises(UserError, match=rf'^this user may not list the run directory {run} '
+                     r'\(Permission denied\); let this user read it .* or pass a --workdir that '
+                     'this user can read$'):
+    use(run)
 
 
 def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_path, mnist_dir):

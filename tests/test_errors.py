@@ -44,7 +44,7 @@ def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
   assert str(write_failed('/r', error)).endswith('there, then rerun the same command')
 
 
-@pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR])
+@pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR, errno.EEXIST])
 def test_a_folder_or_file_in_the_way_is_named_as_the_fix(code):
   error = OSError(code, os.strerror(code))
   assert str(write_failed('/r/metrics.jsonl', error)) == (

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import signal
@@ -13,6 +14,8 @@ import numpy as np
 import pytest
 
 from data.mnist import load_split
+from errors import UserError
+from serving.folder import OutFolder
 from tests.conftest import ROOT, TENSORFLOW_LOGS_AT_IMPORT, make_config, override_flags, run_train
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
@@ -161,6 +164,56 @@ def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported,
   assert not list(tmp_path.glob('.model.partial-*'))
 
 
+# Each mistake with the standalone loader: what is made in a folder, the loader's arguments after
+# the script, the modules it cannot import, and what its one line says.
+LOADER_MISTAKES = {
+    'no folder': (lambda f: None, ['{f}/missing'], '',
+                  'is not a folder; pass the --out folder that export.py wrote'),
+    'a run, not an export': (lambda f: (f / 'run').mkdir(), ['{f}/run'], '',
+                             'holds no stablehlo export (model.jax_export); pass the --out folder'),
+    'the other format': (lambda f: (f / 'out' / 'saved_model').mkdir(parents=True), ['{f}/out'],
+                         '', 'holds no stablehlo export (model.jax_export); pass '
+                         '--format=savedmodel, the format it holds'),
+    'no tensorflow': (lambda f: (f / 'out' / 'saved_model').mkdir(parents=True),
+                      ['{f}/out', '--format=savedmodel'], 'tensorflow',
+                      '--format=savedmodel needs tensorflow (import of tensorflow halted'),
+    'no jax': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'], 'jax',
+               '--format=stablehlo needs jax (import of jax halted'),
+    'images not IDX': (lambda f: (f / 'seven.png').write_bytes(b'x' * 64),
+                       ['{f}', '--images={f}/seven.png'], '',
+                       'seven.png is not a whole IDX file of 28x28 images; pass one'),
+    'batch of none': (lambda f: None, ['{f}', '--batch_sizes=1,0'], '',
+                      "argument --batch_sizes: '1,0' is not counts of 1 or more, e.g. 1,37; "
+                      'usage:'),
+}
+
+
+@pytest.mark.parametrize('case', LOADER_MISTAKES)
+def test_the_standalone_loader_says_a_mistake_in_one_line(case, tmp_path):
+  make, args, hidden, expected = LOADER_MISTAKES[case]
+  make(tmp_path)
+  loaded = subprocess.run(
+      [sys.executable, '-I', '-c', LOAD, hidden, str(ROOT / 'serving' / 'load_export.py'),
+       *(arg.format(f=tmp_path) for arg in args)],
+      cwd=tmp_path, capture_output=True, text=True, timeout=60)
+  lines = loaded.stderr.strip().splitlines()
+  assert loaded.returncode in (1, 2) and loaded.stdout == '', loaded.stderr
+  assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], loaded.stderr
+
+
+def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
+  """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
+  (tmp_path / 'notes.txt').write_text('keep me')
+  out = OutFolder(str(tmp_path / 'notes.txt' / 'model'))
+  out.check(str(tmp_path / 'run'))
+  with pytest.raises(UserError, match=r'^cannot write \S+/notes.txt/model \(File exists\); move '
+                     'the folder or file in its way out of it, then rerun the same command$'):
+    with out.staged():
+      pass
+  assert sorted(os.listdir(tmp_path)) == ['notes.txt']
+  assert (tmp_path / 'notes.txt').read_text() == 'keep me'
+
+
 def hide_tensorflow(folder) -> dict[str, str]:
   """An environment where `import tensorflow` fails as it does where the extra is not installed."""
   (folder / 'site' / 'tensorflow').mkdir(parents=True)
@@ -239,6 +292,37 @@ def test_a_run_is_exported_while_it_trains_and_saves_on(tmp_path, mnist_dir):
   epoch = json.loads((out / 'export.json').read_text())['epoch']
   _, restored = evaluation.restore_run(RunDirectory(workdir))
   assert restored.damaged == () and restored.epoch > epoch >= 1  # Its saves went on, all whole.
+
+
+# export.py with its writer made to stop itself once a file is half written in the staged folder.
+STOPPED_MIDWAY = ('import os, runpy, signal, sys, time\n'
+                  'from serving import artifacts\n'
+                  'sent = getattr(signal, sys.argv[1])\n'
+                  'def write(state, precision, formats, folder, about):\n'
+                  '  with open(os.path.join(folder, "model.jax_export"), "wb") as f:\n'
+                  '    f.write(b"half")\n'
+                  '  os.kill(os.getpid(), sent)\n'
+                  '  time.sleep(60)\n'
+                  'artifacts.write = write\n'
+                  'sys.argv = ["export.py", *sys.argv[2:]]\n'
+                  'runpy.run_path("export.py", run_name="__main__")\n')
+
+
+@pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
+@pytest.mark.parametrize('sent, said', [('SIGINT', 'Ctrl-C'), ('SIGTERM', 'SIGTERM')])
+def test_a_signal_while_writing_is_one_line_and_leaves_no_staged_copy(sent, said, run, tmp_path):
+  out = tmp_path / 'model'
+  out.mkdir()
+  (out / 'export.json').write_text('{"epoch": 0}')
+  before = snapshot(tmp_path)
+  stopped = subprocess.run([sys.executable, '-c', STOPPED_MIDWAY, sent, f'--workdir={run}',
+                            f'--out={out}', '--overwrite'], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+  assert stopped.returncode == 128 + getattr(signal, sent), stopped.stderr
+  assert stopped.stderr.strip().splitlines() == [
+      f'error: stopped by {said} while writing the export; rerun the same command to export the '
+      'run']
+  assert snapshot(tmp_path) == before  # No staged copy beside it; the older export untouched.
 
 
 @pytest.mark.slow

@@ -178,6 +178,13 @@ def flip_each_checkpoint(folder) -> None:
     largest.write_bytes(bytes(data))
 
 
+def save_a_scan_with_a_nan(path) -> None:
+  """A float TIFF of a digit (as measuring tools write them) where one pixel holds no value."""
+  scan = np.zeros((40, 40), np.float32)
+  scan[8:32, 18:22], scan[0, 0] = 1.0, np.nan
+  Image.fromarray(scan, 'F').save(path)
+
+
 # Each mistake: how it is made in a folder (given the quick run, if it needs one), what predict.py
 # is then given, what its line says.
 BAD_INPUTS = {
@@ -195,6 +202,9 @@ BAD_INPUTS = {
     'huge picture': (lambda f, run: Image.new('1', (12000, 12000)).save(f / 'huge.png'),
                      '{f}/huge.png',
                      'is too large a picture to read (Image size (144000000 pixels)'),
+    'NaN pixels': (lambda f, run: save_a_scan_with_a_nan(f / 'scan.tiff'), '{f}/scan.tiff',
+                   'scan.tiff: 1 of its 1600 pixels are NaN or infinite; pass a picture whose '
+                   'pixels are all numbers'),
     'damaged checkpoints only': (
         lambda f, run: flip_each_checkpoint(shutil.copytree(run(), f / 'run')), '{png}',
         'can be restored'),

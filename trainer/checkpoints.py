@@ -254,6 +254,18 @@ def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
   return {**meta, 'config': config_rules.as_trained(meta['config'])}
 
 
+def cannot_read(directory: str, epoch: int, error: BaseException) -> UserError:
+  """The line for a checkpoint that is whole but cannot be read now (no permission, an I/O
+  error): it is not damage, so nothing is set aside and the fix is the user's access or storage."""
+  # The innermost cause: orbax wraps a failed read in an Exception that names none.
+  cause = list(causes(error))[-1]
+  fix = ('let this user read its files, then rerun the same command'
+         if isinstance(cause, PermissionError) or TENSORSTORE_DENIED_STATUS in str(cause)
+         else 'rerun the same command once the storage reads again')
+  return UserError(f'cannot read the checkpoint of epoch {epoch} in {directory} ({_why(cause)}); '
+                   f'every checkpoint was left in place: {fix}')
+
+
 def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
   """Raises the user's line when checkpoints exist but every one of them is damaged."""
   if damaged:
@@ -264,13 +276,15 @@ def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
 
 def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] | str]]:
   """Each checkpoint's flat config, newest first, as (epoch, config), or (epoch, why) where its
-  metadata cannot be read."""
+  metadata is damaged; UserError where it is whole but this user cannot read it now."""
   for epoch in reversed(run_dir.checkpoint_epochs()):
     try:
       config = _read_meta(run_dir, epoch)['config']
     except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
       if host_limit(error):  # But the machine's memory or threads, which are said as such.
         raise
+      if isinstance(error, OSError) and not named_damage(error):  # No permission, an I/O error.
+        raise cannot_read(run_dir.name, epoch, error) from error
       yield epoch, f'its metadata cannot be read ({_why(error)})'
       continue
     yield epoch, config
@@ -460,13 +474,7 @@ class Checkpoints:
         raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose '
                         f'structure does not fit this code ({_why(error)}); {OTHER_CODE}'
                         ) from error
-      # The innermost cause: orbax wraps a failed read in an Exception that names none.
-      cause = list(causes(error))[-1]
-      fix = ('let this user read its files, then rerun the same command'
-             if isinstance(cause, PermissionError) or TENSORSTORE_DENIED_STATUS in str(cause)
-             else 'rerun the same command once the storage reads again')
-      raise UserError(f'cannot read the checkpoint of epoch {epoch} in {self.directory} '
-                      f'({_why(cause)}); every checkpoint was left in place: {fix}') from error
+      raise cannot_read(self.directory, epoch, error) from error
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.

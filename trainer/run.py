@@ -281,6 +281,7 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
     # On a bucket the first touch stays run_dir.make()'s: the client of the lock words a refusal
     # (no credentials, no permission, no network) in one line, where gcsfs would log its retries.
     if not (evaluate_only or run_dir.remote):
+      run_dir.check_usable()  # A folder this user may not list is said before its checkpoints.
       refuse_other_numbers(run_dir, config)
     splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
                                                              config.data.eval_split]

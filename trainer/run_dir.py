@@ -82,14 +82,20 @@ class RunDirectory:
     return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_usable(self) -> None:
-    """A --workdir naming a file, or a bucket this machine cannot use, is the user's one line
-    before the first read or write, not an error of each thing it is used for."""
+    """A --workdir naming a file, a folder this user may not list (another user's), or a bucket
+    this machine cannot use, is the user's one line before the first read or write, not an error
+    (a traceback) of each thing it is used for."""
     if self.remote and not self._reached:
       reach(self.name)
       self._reached = True
     elif not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
       raise UserError(f'the run directory {self.name} is a file; pass a --workdir that names a '
                       'folder')
+    elif not self.remote and os.path.isdir(self.name) and not os.access(self.name,
+                                                                       os.R_OK | os.X_OK):
+      raise UserError(f'this user may not list the run directory {self.name} (Permission '
+                      'denied); let this user read it (its owner can run chmod -R a+rX on it), '
+                      'or pass a --workdir that this user can read')
 
   def exists(self) -> bool:
     return self.path().is_dir()
