@@ -60,8 +60,17 @@ def image_files(paths: list[str]) -> list[str]:
     elif os.path.exists(path):  # A pipe or a device: Pillow would wait on it, or read without end.
       raise UserError(f'{path} is neither a file nor a folder; pass image files or folders of them')
     else:
-      raise UserError(f'{path} does not exist; pass image files or folders of them')
+      raise UserError(f'{_missing(path)}; pass image files or folders of them')
   return files
+
+
+def _missing(path: str) -> str:
+  """Words for a path that names nothing: a pattern the shell found no match for, kept as typed."""
+  if not path:
+    return "an empty path ('') names no file"
+  if any(sign in path for sign in '*?['):
+    return f'no file matches {path}'
+  return f'{path} does not exist'
 
 
 def read_digit(path: str) -> np.ndarray:

@@ -103,6 +103,11 @@ def last_epoch_spread(runs: Iterable[list[dict]]) -> dict[str, tuple[float, ...]
 def main(argv: list[str]) -> None:
   del argv  # parse_flags refused any.
   folder = pathlib.Path(_FOLDER.value)
+  unused = [f'--{flag.name}' for flag in (_CPU, _SEEDS, _LEVELS, _OVERRIDES)
+            if flags.FLAGS[flag.name].present]
+  if unused and not _RECORD.value:
+    fail(f'{", ".join(unused)} only {"says" if len(unused) == 1 else "say"} how to record; add '
+         '--record to record this CPU\'s runs, or leave them out to print the recorded spread', 2)
   if _RECORD.value:
     if not _CPU.value:
       fail('--record needs --cpu=NAME, a short name of this CPU for the file names', 2)

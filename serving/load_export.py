@@ -109,7 +109,7 @@ def load(folder: str, form: str) -> tuple[Classify, str]:
 
 
 def main() -> None:
-  parser = OneLineParser(description=__doc__.splitlines()[0])
+  parser = OneLineParser(description=' '.join(__doc__.split('\n\n')[0].split()).rstrip(':') + '.')
   parser.add_argument('folder', help="export.py's --out")
   parser.add_argument('--format', choices=LOADERS, default='stablehlo')
   parser.add_argument('--images', default=TEST_IMAGES, help='an IDX file of 28x28 images')

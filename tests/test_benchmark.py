@@ -261,6 +261,16 @@ def test_checkpoint_times_refuses_min_seconds_it_cannot_time_before_any_measurem
   assert len(lines) == 1 and lines[0].startswith('error: --min_seconds') and said in lines[0]
 
 
+def test_numbers_spread_refuses_flags_of_recording_without_record():
+  """Else --cpu=zen4 alone prints the recorded spread and exits 0, recording nothing."""
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.numbers_spread', '--cpu=zen4',
+                        '--seeds=1'], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 2 and out.stdout == ''
+  assert out.stderr.strip().splitlines() == [
+      "error: --cpu, --seeds only say how to record; add --record to record this CPU's runs, or "
+      'leave them out to print the recorded spread']
+
+
 def recipes(*args: str) -> subprocess.CompletedProcess:
   return subprocess.run([sys.executable, '-m', 'benchmarks.recipes', *args], cwd=ROOT,
                         capture_output=True, text=True, timeout=300)

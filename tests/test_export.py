@@ -201,6 +201,16 @@ def test_the_standalone_loader_says_a_mistake_in_one_line(case, tmp_path):
   assert len(lines) == 1 and lines[0].startswith('error: ') and expected in lines[0], loaded.stderr
 
 
+def test_the_standalone_loader_s_help_says_what_it_is_whole_and_exits_0():
+  loader = ROOT / 'serving' / 'load_export.py'
+  helped = subprocess.run([sys.executable, '-I', str(loader), '--help'], capture_output=True,
+                          text=True, timeout=60)
+  assert helped.returncode == 0 and helped.stderr == ''
+  described = ' '.join(helped.stdout.split('\n\n')[1].split())
+  assert described.startswith('Classifies MNIST test digits with an export of export.py')
+  assert described.endswith('(StableHLO) or TensorFlow (the SavedModel), nothing else.')
+
+
 def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
   """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
   (tmp_path / 'notes.txt').write_text('keep me')

@@ -190,7 +190,9 @@ def save_a_scan_with_a_nan(path) -> None:
 BAD_INPUTS = {
     'not an image': (lambda f, run: (f / 'digit.png').write_text('not a picture'),
                      '{f}/digit.png', 'is not an image Pillow can read'),
-    'missing file': (lambda f, run: None, '{f}/seven.png', 'does not exist'),
+    'missing file': (lambda f, run: None, '{f}/seven.png', 'seven.png does not exist'),
+    'pattern without a match': (lambda f, run: None, '{f}/*.jpeg', 'no file matches '),
+    'empty path': (lambda f, run: None, '', "an empty path ('') names no file"),
     'a pipe': (lambda f, run: os.mkfifo(f / 'pipe.png'), '{f}/pipe.png',
                'is neither a file nor a folder'),
     'blank picture': (lambda f, run: Image.new('L', (90, 60), 'white').save(f / 'blank.jpg'),

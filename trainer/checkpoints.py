@@ -37,7 +37,7 @@ META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpo
 META_FILE = f'{META}/{META_NAME}'
 DAMAGED_PREFIX = 'damaged-epoch-'
 MODEL_API = 'flax.nnx'  # Written with each checkpoint: the state's layout is that of an NNX model.
-LAST_LINEN_COMMIT = '0c175b1'  # The app's last commit with the Linen model.
+LAST_LINEN_COMMIT = '0c632b5'  # The app's last commit with the Linen model (its last best.py).
 OTHER_CODE = 'resume it with the code that saved it, or pass a new --workdir to start another run'
 STATE_FILE = f'{STATE}/{ocp.path.format_utils.PYTREE_METADATA_FILE}'  # Every state has it.
 
