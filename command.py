@@ -40,6 +40,13 @@ def start_command(stopped_line: str) -> None:
   sys.excepthook = one_line_for_the_set_up_or_the_machine
 
 
+def end_quietly_on_signals() -> None:
+  """The command's lines are out: a Ctrl-C or a SIGTERM from now on ends it at once and says no
+  more (a line of being stopped would belie the ones before it)."""
+  for number in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(number, lambda signum, _: os._exit(128 + signum))
+
+
 def set_up_line(error: BaseException) -> str | None:
   """The line for an error of the set-up or the machine that no part of a command said (None: a
   fault of the code): a module missing, also where a library raised its own ImportError from it
@@ -101,9 +108,9 @@ def parse_or_help(argv: list[str]) -> list[str]:
   try:
     rest = flags.FLAGS(argv)
   except SystemExit as done:  # absl's --help, --helpshort and --helpfull exit 1 once printed.
-    sys.exit(0 if HELP_FLAGS & set(argv) else done.code)
+    sys.exit(0 if _asks_help(argv) else done.code)
   except OSError as error:  # Of the flags' parsing only the help writes (to stdout).
-    if not HELP_FLAGS & set(argv):
+    if not _asks_help(argv):
       raise
     lost = output_lost(error, sys.stdout)
     if lost:
@@ -114,6 +121,11 @@ def parse_or_help(argv: list[str]) -> list[str]:
     # Set here: app.run raises an unset verbosity to info, and a changed default counts as unset.
     flags.FLAGS.verbosity = -1  # type: ignore[assignment]
   return rest
+
+
+def _asks_help(argv: list[str]) -> bool:
+  """Whether a help flag is given, bare or as `--help=true`."""
+  return any(arg.split('=', 1)[0] in HELP_FLAGS for arg in argv)
 
 
 def parse_tool_flags(argv: list[str], usage: str) -> list[str]:

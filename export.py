@@ -11,7 +11,7 @@ if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one lin
 from absl import app
 from absl import flags
 
-from command import fail, parse_tool_flags
+from command import end_quietly_on_signals, fail, parse_tool_flags
 from errors import UserError, say, shown
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
 
@@ -88,6 +88,7 @@ def main(argv: list[str]) -> None:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,
                                'models': config.num_models, 'config': restored.config})
+    end_quietly_on_signals()  # The export is whole in --out.
     report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
   except UserError as error:
     fail(str(error), 1)

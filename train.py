@@ -17,7 +17,7 @@ from absl import app
 from absl import flags
 from ml_collections import config_flags
 
-from command import fail, parse_or_help
+from command import end_quietly_on_signals, fail, parse_or_help
 from errors import ConfigError, UserError, say, shown
 from trainer.config_file import ConfigFileFailed, ConfigFileParser, pass_a_config
 
@@ -162,8 +162,7 @@ def main(argv: list[str]) -> None:
     with stop_request, compile_cache.one_warning(warn):
       _run(config, run_dir, stop_request)
   finally:  # The run's lines are out: a signal while Python exits ends it silently.
-    for number in loop.STOP_SIGNALS:
-      signal.signal(number, lambda signum, _: os._exit(128 + signum))
+    end_quietly_on_signals()
 
 
 def _run(config: ml_collections.ConfigDict, run_dir: 'RunDirectory',

@@ -183,9 +183,10 @@ def test_a_ctrl_c_while_native_logs_are_muted_still_says_its_line_and_only_it():
 @pytest.mark.parametrize('command', ['predict.py', 'export.py'])
 def test_a_tool_s_help_exits_0_and_a_reader_gone_or_a_full_disk_is_no_traceback(command):
   """absl's help exits 1 once printed; a reader that has gone (`| head -1`) is no error."""
-  helped = subprocess.run([sys.executable, command, '--helpshort'], cwd=ROOT, capture_output=True,
-                          text=True, timeout=60)
-  assert helped.returncode == 0 and '--workdir' in helped.stdout, helped.stderr
+  for asked in ('--helpshort', '--help=true'):
+    helped = subprocess.run([sys.executable, command, asked], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and '--workdir' in helped.stdout, (asked, helped.stderr)
   read, write = os.pipe()
   os.close(read)  # The reader is gone before the help is printed.
   gone = subprocess.run([sys.executable, command, '--helpfull'], cwd=ROOT, stdout=write,

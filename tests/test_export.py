@@ -335,6 +335,27 @@ def test_a_signal_while_writing_is_one_line_and_leaves_no_staged_copy(sent, said
   assert snapshot(tmp_path) == before  # No staged copy beside it; the older export untouched.
 
 
+# export.py made to receive a SIGTERM as it reports an export already whole in --out.
+STOPPED_AFTER = ('import errors, os, runpy, signal, sys, time\n'
+                 'def say(*_):\n'
+                 '  os.kill(os.getpid(), signal.SIGTERM)\n'
+                 '  time.sleep(60)\n'
+                 'errors.say = say\n'
+                 'sys.argv = ["export.py", *sys.argv[1:]]\n'
+                 'runpy.run_path("export.py", run_name="__main__")\n')
+
+
+@pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
+def test_a_signal_once_the_export_is_whole_ends_it_saying_nothing_more(run, tmp_path):
+  """Not 'stopped while writing the export; rerun': the export is there, whole."""
+  out = tmp_path / 'model'
+  stopped = subprocess.run([sys.executable, '-c', STOPPED_AFTER, f'--workdir={run}',
+                            f'--out={out}'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert stopped.returncode == 128 + signal.SIGTERM and stopped.stderr == '', stopped.stderr
+  assert json.loads((out / 'export.json').read_text())['epoch'] >= 1
+  assert sorted(os.listdir(tmp_path)) == ['model']
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('form', FORMATS)
 def test_a_full_disk_is_one_line_and_leaves_the_export_there_as_it_was(form, run, tiny_disk):
