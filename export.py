@@ -88,7 +88,14 @@ def main(argv: list[str]) -> None:
       sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                               {'run': str(workdir), 'epoch': restored.epoch,
                                'models': config.num_models, 'config': restored.config})
-    end_quietly_on_signals()  # The export is whole in --out.
+      # A signal waits while the files move into --out (a stop there would leave an old export
+      # part gone, the new one part there), and then ends the command quietly: the export is whole.
+      waiting: list[int] = []
+      for number in STOP_SIGNALS:
+        signal.signal(number, lambda signum, _: waiting.append(signum))
+    end_quietly_on_signals()
+    if waiting:
+      os._exit(128 + waiting[0])
     report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
   except UserError as error:
     fail(str(error), 1)

@@ -345,6 +345,35 @@ STOPPED_AFTER = ('import errors, os, runpy, signal, sys, time\n'
                  'runpy.run_path("export.py", run_name="__main__")\n')
 
 
+# export.py made to receive a SIGTERM as its files start to replace an older export in --out.
+STOPPED_IN_THE_SWAP = ('import os, runpy, signal, sys, time\n'
+                       'from serving.folder import OutFolder\n'
+                       'move_in = OutFolder._move_in\n'
+                       'def stopped_then_moved(self, staging):\n'
+                       '  os.kill(os.getpid(), signal.SIGTERM)\n'
+                       '  time.sleep(1)\n'
+                       '  move_in(self, staging)\n'
+                       'OutFolder._move_in = stopped_then_moved\n'
+                       'sys.argv = ["export.py", *sys.argv[1:]]\n'
+                       'runpy.run_path("export.py", run_name="__main__")\n')
+
+
+@pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
+def test_a_signal_as_the_files_replace_an_older_export_waits_for_the_new_one_whole(run, tmp_path):
+  """Else it could leave the older export part deleted and the new one part moved in."""
+  out = tmp_path / 'model'
+  out.mkdir()
+  (out / 'export.json').write_text('{"epoch": 0}')
+  (out / 'model.jax_export').write_bytes(b'an older export')
+  stopped = subprocess.run([sys.executable, '-c', STOPPED_IN_THE_SWAP, f'--workdir={run}',
+                            f'--out={out}', '--overwrite'], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+  assert stopped.returncode == 128 + signal.SIGTERM and stopped.stderr == '', stopped.stderr
+  assert json.loads((out / 'export.json').read_text())['epoch'] >= 1
+  assert (out / 'model.jax_export').read_bytes() != b'an older export'
+  assert sorted(os.listdir(tmp_path)) == ['model']
+
+
 @pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
 def test_a_signal_once_the_export_is_whole_ends_it_saying_nothing_more(run, tmp_path):
   """Not 'stopped while writing the export; rerun': the export is there, whole."""
