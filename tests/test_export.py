@@ -1,6 +1,7 @@
 """export.py: a run's classifier as files that serve without this project, and its mistakes."""
 
 import importlib.util
+import gzip
 import json
 import os
 import re
@@ -166,6 +167,13 @@ def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported,
 
 # Each mistake with the standalone loader: what is made in a folder, the loader's arguments after
 # the script, the modules it cannot import, and what its one line says.
+def damaged_gzip() -> bytes:
+  """A gzip file whose compressed bytes were overwritten: zlib's own error, not an OSError."""
+  whole = bytearray(gzip.compress(bytes(range(256)) * 64))
+  whole[20:40] = b'\xff' * 20
+  return bytes(whole)
+
+
 LOADER_MISTAKES = {
     'no folder': (lambda f: None, ['{f}/missing'], '',
                   'is not a folder; pass the --out folder that export.py wrote'),
@@ -179,6 +187,13 @@ LOADER_MISTAKES = {
                       '--format=savedmodel needs tensorflow (import of tensorflow halted'),
     'no jax': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'], 'jax',
                '--format=stablehlo needs jax (import of jax halted'),
+    'no flatbuffers': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'],
+                       'flatbuffers', '--format=stablehlo needs flatbuffers (Please install '
+                       "'flatbuffers'"),
+    'an export cut short': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'], '',
+                            'cannot load the stablehlo export in '),
+    'images damaged': (lambda f: (f / 'seven.gz').write_bytes(damaged_gzip()),
+                       ['{f}', '--images={f}/seven.gz'], '', 'cannot read --images='),
     'images not IDX': (lambda f: (f / 'seven.png').write_bytes(b'x' * 64),
                        ['{f}', '--images={f}/seven.png'], '',
                        'seven.png is not a whole IDX file of 28x28 images; pass one'),
