@@ -375,7 +375,8 @@ STOPPED_IN_THE_SWAP = ('import os, runpy, signal, sys, time\n'
 
 @pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
 def test_a_signal_as_the_files_replace_an_older_export_waits_for_the_new_one_whole(run, tmp_path):
-  """Else it could leave the older export part deleted and the new one part moved in."""
+  """Else it could leave the older export part deleted and the new one part moved in; the export,
+  whole, is said before the signal ends the command."""
   out = tmp_path / 'model'
   out.mkdir()
   (out / 'export.json').write_text('{"epoch": 0}')
@@ -383,7 +384,9 @@ def test_a_signal_as_the_files_replace_an_older_export_waits_for_the_new_one_who
   stopped = subprocess.run([sys.executable, '-c', STOPPED_IN_THE_SWAP, f'--workdir={run}',
                             f'--out={out}', '--overwrite'], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
-  assert stopped.returncode == 128 + signal.SIGTERM and stopped.stderr == '', stopped.stderr
+  assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+  assert stopped.stderr.startswith('exported the checkpoint of epoch '), stopped.stderr
+  assert f'{out}/export.json' in stopped.stdout
   assert json.loads((out / 'export.json').read_text())['epoch'] >= 1
   assert (out / 'model.jax_export').read_bytes() != b'an older export'
   assert sorted(os.listdir(tmp_path)) == ['model']

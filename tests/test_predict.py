@@ -81,6 +81,29 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
   return np.array([o['digit'] for o in found])
 
 
+# predict.py made to receive a SIGTERM once it has printed every image's digit.
+STOPPED_AFTER = ('import os, runpy, signal, sys, time\n'
+                 'from trainer import evaluation\n'
+                 'def ensemble_of(config):\n'
+                 '  os.kill(os.getpid(), signal.SIGTERM)\n'
+                 '  time.sleep(60)\n'
+                 'evaluation.ensemble_of = ensemble_of\n'
+                 'sys.argv = ["predict.py", *sys.argv[1:]]\n'
+                 'runpy.run_path("predict.py", run_name="__main__")\n')
+
+
+@pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
+def test_a_signal_once_every_digit_is_printed_ends_it_saying_nothing_more(quick_run, tmp_path):
+  """Not 'stopped; rerun the same command to classify the images': they are."""
+  png, one = tmp_path / 'one.png', np.zeros((28, 28), np.uint8)
+  one[4:24, 13:16] = 255
+  Image.fromarray(one).save(png)
+  stopped = subprocess.run([sys.executable, '-c', STOPPED_AFTER, f'--workdir={quick_run[0]}',
+                            str(png)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert stopped.returncode == 128 + 15 and stopped.stderr == '', stopped.stderr
+  assert stopped.stdout.startswith(f'{png}  ')
+
+
 def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_run, monkeypatch):
   """predict.py and export.py read the run so: orbax lists its checkpoints in threads,
   which a machine short of memory or at its limit of processes refuses (`ulimit -v 1500000`)."""
