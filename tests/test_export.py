@@ -230,10 +230,12 @@ def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
   """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
   (tmp_path / 'notes.txt').write_text('keep me')
   out = OutFolder(str(tmp_path / 'notes.txt' / 'model'))
-  out.check(str(tmp_path / 'run'))
+  with pytest.raises(UserError, match=r'^--out=\S+/notes.txt/model cannot be made: \S+/notes.txt '
+                     'is a file; move it out of the way, or pass another folder to export to$'):
+    out.check(str(tmp_path / 'run'))  # Before the checkpoint is read.
   with pytest.raises(UserError, match=r'^cannot write \S+/notes.txt/model \(File exists\); move '
                      'the folder or file in its way out of it, then rerun the same command$'):
-    with out.staged():
+    with out.staged():  # Where the file came after the check.
       pass
   assert sorted(os.listdir(tmp_path)) == ['notes.txt']
   assert (tmp_path / 'notes.txt').read_text() == 'keep me'
