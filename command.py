@@ -15,6 +15,7 @@ from errors import first_cause, host_limit, library_unmapped, output_lost, shown
 
 
 PROJECT_ROOT = os.path.dirname(os.path.abspath(__file__))
+STOP_SIGNALS = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}  # A user's, a preempted VM's.
 
 
 def start_command(stopped_line: str) -> None:
@@ -23,7 +24,7 @@ def start_command(stopped_line: str) -> None:
   in a traceback of whatever it met, an import among them; a SIGTERM, silently); a module this
   Python lacks, a library the system will not load, or a machine out of memory or threads, met
   where no part of the command said so, is one line too."""
-  for number, name in ((signal.SIGINT, 'Ctrl-C'), (signal.SIGTERM, 'SIGTERM')):
+  for number, name in STOP_SIGNALS.items():
     line, status = stopped_line.format(signal=name), 128 + number
     signal.signal(number, lambda *_, line=line, status=status: fail(line, status, os._exit))
   default_hook = sys.excepthook
@@ -43,7 +44,7 @@ def start_command(stopped_line: str) -> None:
 def end_quietly_on_signals() -> None:
   """The command's lines are out: a Ctrl-C or a SIGTERM from now on ends it at once and says no
   more (a line of being stopped would belie the ones before it)."""
-  for number in (signal.SIGINT, signal.SIGTERM):
+  for number in STOP_SIGNALS:
     signal.signal(number, lambda signum, _: os._exit(128 + signum))
 
 

@@ -11,7 +11,7 @@ if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one lin
 from absl import app
 from absl import flags
 
-from command import end_quietly_on_signals, fail, parse_tool_flags
+from command import STOP_SIGNALS, end_quietly_on_signals, fail, parse_tool_flags
 from errors import UserError, say, shown
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
 
@@ -24,7 +24,6 @@ _FORMATS = flags.DEFINE_list(
     '(runs with JAX alone), a TensorFlow SavedModel by jax2tf (needs the TensorFlow extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
-STOP_SIGNALS = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}
 USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] '
          '[--overwrite]')  # A path from here.
 
@@ -89,14 +88,14 @@ def main(argv: list[str]) -> None:
                               {'run': str(workdir), 'epoch': restored.epoch,
                                'models': config.num_models, 'config': restored.config})
       # A signal waits while the files move into --out (a stop there would leave an old export
-      # part gone, the new one part there), and then ends the command quietly: the export is whole.
+      # part gone, the new one part there); then the export, whole, is said, and the signal ends it.
       waiting: list[int] = []
       for number in STOP_SIGNALS:
         signal.signal(number, lambda signum, _: waiting.append(signum))
     end_quietly_on_signals()
+    report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
     if waiting:
       os._exit(128 + waiting[0])
-    report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
   except UserError as error:
     fail(str(error), 1)
   except Stopped as stop:

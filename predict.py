@@ -13,7 +13,7 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from command import fail, parse_tool_flags
+from command import end_quietly_on_signals, fail, parse_tool_flags
 from errors import UserError, say, shown
 
 _WORKDIR = flags.DEFINE_string(
@@ -138,6 +138,7 @@ def main(argv: list[str]) -> None:
     workdir = run_dir.RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
     config, restored = evaluation.restore_run(workdir)
     report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
+    end_quietly_on_signals()  # Every image is classified and said: a signal now only ends it.
   except UserError as error:
     fail(str(error), 1)
   for line in unread:

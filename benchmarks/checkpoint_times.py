@@ -33,6 +33,7 @@ from command import fail
 from errors import UserError
 from mlp import steps
 from trainer import checkpoints as checkpoint
+from trainer import config_rules
 from trainer import reporting
 from trainer.run_dir import RunDirectory
 
@@ -58,14 +59,15 @@ def _folder_bytes(folder: str) -> int:
 def check_min_seconds() -> None:
   """--min_seconds: each a finite number of seconds, 0 or more, and only where cadences are timed:
   else train.py would refuse it after the minutes of --part=costs."""
+  kind, within, _ = config_rules.NUMBERS['checkpoint_min_seconds']  # As train.py checks it.
   for text in MIN_SECONDS.value:
     try:
-      seconds = float(text)
+      fits = within(float(text)) and math.isfinite(float(text))
     except ValueError:
-      seconds = -1.0
-    if not (math.isfinite(seconds) and seconds >= 0):
-      raise UserError(f'--min_seconds={",".join(MIN_SECONDS.value)}: {text!r} is not a number of '
-                      'seconds, 0 or more; pass e.g. --min_seconds=0.5,5')
+      fits = False
+    if not fits:
+      raise UserError(f'--min_seconds={",".join(MIN_SECONDS.value)}: {text!r} is not {kind} of '
+                      'seconds; pass e.g. --min_seconds=0.5,5')
   if MIN_SECONDS.value and PART.value == 'costs':
     raise UserError('--min_seconds adds cadences to time, which --part=costs leaves out; pass '
                     '--part=all or --part=cadence, or leave --min_seconds out')

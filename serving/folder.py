@@ -34,6 +34,12 @@ class OutFolder:
     """UserError when the folder cannot take an export: a file, inside the run, holding one."""
     if os.path.exists(self.path) and not os.path.isdir(self.path):
       raise UserError(f'--out={self.path} is a file; pass a folder to export to')
+    above = os.path.dirname(self.path)
+    while not os.path.lexists(above):  # The nearest folder on the way that is there.
+      above = os.path.dirname(above)
+    if not os.path.isdir(above):
+      raise UserError(f'--out={self.path} cannot be made: {above} is a file; move it out of the '
+                      'way, or pass another folder to export to')
     if '://' not in workdir:
       run = os.path.realpath(workdir)
       if os.path.commonpath([os.path.realpath(self.path), run]) == run:

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -55,7 +56,7 @@ def read_idx_images(path: str) -> np.ndarray:
   try:
     with (gzip.open if path.endswith('.gz') else open)(path, 'rb') as f:
       data = f.read()
-  except (OSError, EOFError) as error:  # Missing, unreadable, or a .gz cut short.
+  except (OSError, EOFError, zlib.error) as error:  # Missing, unreadable, a .gz cut or damaged.
     fail(f'cannot read --images={path} ({getattr(error, "strerror", None) or error}); pass an '
          "IDX file of 28x28 images, such as MNIST's t10k-images-idx3-ubyte.gz")
   magic, count, rows, cols = (int.from_bytes(data[i:i + 4], 'big') for i in (0, 4, 8, 12))
@@ -103,9 +104,25 @@ def load(folder: str, form: str) -> tuple[Classify, str]:
   try:
     return LOADERS[form](folder)
   except ImportError as error:
+    package = missing_package(error) or NEEDS[form]
     other = next(name for name in LOADERS if name != form)
-    fail(f'--format={form} needs {NEEDS[form]} ({error}); install it (pip install '
-         f'{NEEDS[form]}), or pass --format={other} where that export is there')
+    fail(f'--format={form} needs {package} ({error}); install it (pip install {package}), or '
+         f'pass --format={other} where that export is there')
+  except Exception as error:  # pylint: disable=broad-except; unreadable, cut short, or too new
+    reason = ' '.join(str(error).split()[:30]) or type(error).__name__
+    fail(f'cannot load the {form} export in {folder} ({reason}); export it again with export.py, '
+         f'with the {NEEDS[form]} this loader runs')
+
+
+def missing_package(error: ImportError) -> str | None:
+  """The module whose absence an ImportError comes from (jax.export's own 'Please install
+  flatbuffers' names it only in its words), by the ModuleNotFoundError it was raised from."""
+  cause: BaseException | None = error
+  while cause is not None:
+    if isinstance(cause, ModuleNotFoundError) and cause.name:
+      return cause.name.split('.')[0]
+    cause = cause.__cause__ or cause.__context__
+  return None
 
 
 def main() -> None:

@@ -247,8 +247,9 @@ def test_members_benchmark_refuses_a_single_member_in_one_line():
 
 
 @pytest.mark.parametrize('args, said', [
-    (['--min_seconds=0.5,abc'], "'abc' is not a number of seconds, 0 or more; pass e.g. "
+    (['--min_seconds=0.5,abc'], "'abc' is not a finite number >= 0 of seconds; pass e.g. "
                                 '--min_seconds=0.5,5'),
+    (['--min_seconds=nan'], "'nan' is not a finite number >= 0 of seconds"),
     (['--min_seconds=5', '--part=costs'], '--min_seconds adds cadences to time, which '
                                           '--part=costs leaves out')])
 def test_checkpoint_times_refuses_min_seconds_it_cannot_time_before_any_measurement(args, said):

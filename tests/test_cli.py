@@ -476,8 +476,8 @@ def test_settings_that_train_otherwise_than_they_read_are_each_a_warning_before_
   assert lines[:2] == [
       'warning: model.dropout_rate=0.2 does nothing: dropout acts on hidden layers and '
       'model.hidden_sizes=() has none; pass --config.model.dropout_rate=0 to say so',
-      'warning: warmup_epochs=2.5 is longer than num_epochs=2: the learning rate never reaches '
-      'learning_rate=0.002 nor decays']
+      'warning: warmup_epochs=2.5 is longer than num_epochs=2: the learning rate reaches '
+      'learning_rate=0.002 only at the last step, and never decays']
   assert len(lines) == 3 and lines[2].startswith('error: cannot create the run directory ')
 
 

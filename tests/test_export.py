@@ -1,6 +1,7 @@
 """export.py: a run's classifier as files that serve without this project, and its mistakes."""
 
 import importlib.util
+import gzip
 import json
 import os
 import re
@@ -166,6 +167,13 @@ def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported,
 
 # Each mistake with the standalone loader: what is made in a folder, the loader's arguments after
 # the script, the modules it cannot import, and what its one line says.
+def damaged_gzip() -> bytes:
+  """A gzip file whose compressed bytes were overwritten: zlib's own error, not an OSError."""
+  whole = bytearray(gzip.compress(bytes(range(256)) * 64))
+  whole[20:40] = b'\xff' * 20
+  return bytes(whole)
+
+
 LOADER_MISTAKES = {
     'no folder': (lambda f: None, ['{f}/missing'], '',
                   'is not a folder; pass the --out folder that export.py wrote'),
@@ -179,6 +187,13 @@ LOADER_MISTAKES = {
                       '--format=savedmodel needs tensorflow (import of tensorflow halted'),
     'no jax': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'], 'jax',
                '--format=stablehlo needs jax (import of jax halted'),
+    'no flatbuffers': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'],
+                       'flatbuffers', '--format=stablehlo needs flatbuffers (Please install '
+                       "'flatbuffers'"),
+    'an export cut short': (lambda f: (f / 'model.jax_export').write_bytes(b'x'), ['{f}'], '',
+                            'cannot load the stablehlo export in '),
+    'images damaged': (lambda f: (f / 'seven.gz').write_bytes(damaged_gzip()),
+                       ['{f}', '--images={f}/seven.gz'], '', 'cannot read --images='),
     'images not IDX': (lambda f: (f / 'seven.png').write_bytes(b'x' * 64),
                        ['{f}', '--images={f}/seven.png'], '',
                        'seven.png is not a whole IDX file of 28x28 images; pass one'),
@@ -215,10 +230,12 @@ def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
   """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
   (tmp_path / 'notes.txt').write_text('keep me')
   out = OutFolder(str(tmp_path / 'notes.txt' / 'model'))
-  out.check(str(tmp_path / 'run'))
+  with pytest.raises(UserError, match=r'^--out=\S+/notes.txt/model cannot be made: \S+/notes.txt '
+                     'is a file; move it out of the way, or pass another folder to export to$'):
+    out.check(str(tmp_path / 'run'))  # Before the checkpoint is read.
   with pytest.raises(UserError, match=r'^cannot write \S+/notes.txt/model \(File exists\); move '
                      'the folder or file in its way out of it, then rerun the same command$'):
-    with out.staged():
+    with out.staged():  # Where the file came after the check.
       pass
   assert sorted(os.listdir(tmp_path)) == ['notes.txt']
   assert (tmp_path / 'notes.txt').read_text() == 'keep me'
@@ -360,7 +377,8 @@ STOPPED_IN_THE_SWAP = ('import os, runpy, signal, sys, time\n'
 
 @pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
 def test_a_signal_as_the_files_replace_an_older_export_waits_for_the_new_one_whole(run, tmp_path):
-  """Else it could leave the older export part deleted and the new one part moved in."""
+  """Else it could leave the older export part deleted and the new one part moved in; the export,
+  whole, is said before the signal ends the command."""
   out = tmp_path / 'model'
   out.mkdir()
   (out / 'export.json').write_text('{"epoch": 0}')
@@ -368,7 +386,9 @@ def test_a_signal_as_the_files_replace_an_older_export_waits_for_the_new_one_who
   stopped = subprocess.run([sys.executable, '-c', STOPPED_IN_THE_SWAP, f'--workdir={run}',
                             f'--out={out}', '--overwrite'], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
-  assert stopped.returncode == 128 + signal.SIGTERM and stopped.stderr == '', stopped.stderr
+  assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+  assert stopped.stderr.startswith('exported the checkpoint of epoch '), stopped.stderr
+  assert f'{out}/export.json' in stopped.stdout
   assert json.loads((out / 'export.json').read_text())['epoch'] >= 1
   assert (out / 'model.jax_export').read_bytes() != b'an older export'
   assert sorted(os.listdir(tmp_path)) == ['model']

@@ -8,7 +8,9 @@ import shutil
 import subprocess
 import sys
 import threading
+import types
 
+import jax
 import numpy as np
 import pytest
 from PIL import Image
@@ -79,6 +81,50 @@ def digits(predicted, kind: str, count: int) -> np.ndarray:
   found = [predicted[f'{kind}/{i:04d}.{"png" if kind == "png" else "jpg"}'] for i in range(count)]
   assert all(0 <= o['digit'] <= 9 and 0.1 <= o['probability'] <= 1 for o in found)
   return np.array([o['digit'] for o in found])
+
+
+@pytest.mark.parametrize('backend, said', [
+    ('cpu', 'this machine ran out of memory classifying (RESOURCE_EXHAUSTED: Out of memory '
+            'allocating 4096 bytes.); free memory (close other programs), or use a device with '
+            'more memory'),
+    ('gpu', 'the GPU ran out of memory classifying (RESOURCE_EXHAUSTED: Out of memory allocating '
+            '4096 bytes.); classify on the CPU (JAX_PLATFORMS=cpu; the run sets the batch), or '
+            'use a device with more memory')])
+def test_a_device_out_of_memory_as_predict_classifies_names_a_fix_it_has(monkeypatch, backend,
+                                                                        said):
+  """predict.py takes no eval_batch_size (the run's config sets its batch): the CPU is its way."""
+  def out_of_memory(*_, **__):
+    raise jax.errors.JaxRuntimeError('RESOURCE_EXHAUSTED: Out of memory allocating 4096 bytes.')
+
+  monkeypatch.setattr(evaluation, '_predict', out_of_memory)
+  monkeypatch.setattr(jax, 'default_backend', lambda: backend)
+  with pytest.raises(UserError) as stopped:
+    evaluation.probabilities(make_config(), types.SimpleNamespace(state=None),
+                             np.zeros((3, 784), np.uint8))
+  assert str(stopped.value) == said
+
+
+# predict.py made to receive a SIGTERM once it has printed every image's digit.
+STOPPED_AFTER = ('import os, runpy, signal, sys, time\n'
+                 'from trainer import evaluation\n'
+                 'def ensemble_of(config):\n'
+                 '  os.kill(os.getpid(), signal.SIGTERM)\n'
+                 '  time.sleep(60)\n'
+                 'evaluation.ensemble_of = ensemble_of\n'
+                 'sys.argv = ["predict.py", *sys.argv[1:]]\n'
+                 'runpy.run_path("predict.py", run_name="__main__")\n')
+
+
+@pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
+def test_a_signal_once_every_digit_is_printed_ends_it_saying_nothing_more(quick_run, tmp_path):
+  """Not 'stopped; rerun the same command to classify the images': they are."""
+  png, one = tmp_path / 'one.png', np.zeros((28, 28), np.uint8)
+  one[4:24, 13:16] = 255
+  Image.fromarray(one).save(png)
+  stopped = subprocess.run([sys.executable, '-c', STOPPED_AFTER, f'--workdir={quick_run[0]}',
+                            str(png)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert stopped.returncode == 128 + 15 and stopped.stderr == '', stopped.stderr
+  assert stopped.stdout.startswith(f'{png}  ')
 
 
 def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_run, monkeypatch):

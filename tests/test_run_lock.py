@@ -471,8 +471,9 @@ def test_cloud_storage_busy_or_failing_is_said_so_not_as_this_machine_s_network(
     raise last
   assert str(error.value) == (
       f'Cloud Storage answered gs://b with {last.code} GET https://storage.googleapis.com/storage/'
-      'v1/b/b/o: We encountered an internal error. until the retries ran out: busy or failing for '
-      'a while, not this machine; rerun the same command later (https://status.cloud.google.com)')
+      'v1/b/b/o: We encountered an internal error.'
+      f'{" until the retries ran out" if retried else ""}: busy or failing for a while, not this '
+      'machine; rerun the same command later (https://status.cloud.google.com)')
 
 
 def test_cloud_storage_out_of_reach_is_said_as_this_machine_s_network():
@@ -483,3 +484,26 @@ def test_cloud_storage_out_of_reach_is_said_as_this_machine_s_network():
   with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
     raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
   assert str(error.value) == UNREACHABLE
+
+
+def test_credentials_not_refreshed_are_said_by_why_the_refresh_failed():
+  """google-auth raises RefreshError for a metadata server out of reach (a VM's network) and for a
+  token service failing for now, not only for credentials expired or revoked."""
+  import requests  # pylint: disable=g-import-not-at-top
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  cut_off = requests.ConnectionError('Max retries exceeded')
+  cut_off.__cause__ = ConnectionRefusedError(111, 'Connection refused')
+  lines = []
+  for raised, cause in ((auth.RefreshError('metadata server unreachable'), cut_off),
+                        (auth.RefreshError('500 from the token service', retryable=True), None),
+                        (auth.RefreshError('invalid_grant: Token has been expired or revoked.',
+                                           {'error': 'invalid_grant'}), None)):
+    with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
+      raise raised from cause
+    lines.append(str(error.value))
+  assert lines[0] == UNREACHABLE
+  assert lines[1] == ('the Google Cloud credentials to reach gs://b could not be refreshed for now '
+                      '(500 from the token service); rerun the same command later')
+  assert lines[2].startswith('the Google Cloud credentials found could not be refreshed to reach '
+                             'gs://b (invalid_grant: Token has been expired or revoked.): expired '
+                             'or revoked; on a Cloud TPU or GCE VM')

@@ -95,10 +95,11 @@ def out_of_memory(error: BaseException) -> BaseException | None:
       and bool(DEVICE_OUT_OF_MEMORY.search(str(cause)))))
 
 
-# What to lower when the device's memory runs out, by what it was doing (None: not known).
-_LOWER = {
+# The fix when the device's memory runs out, by what it was doing (None: not known).
+_FIXES = {
     'training': 'lower batch_size, num_models or model.hidden_sizes in a new --workdir',
     'evaluating': 'lower eval_batch_size (the same command then resumes)',
+    'classifying': 'classify on the CPU (JAX_PLATFORMS=cpu; the run sets the batch)',
     None: 'lower eval_batch_size (the same command then resumes), or batch_size, num_models or '
           'model.hidden_sizes in a new --workdir'}
 
@@ -112,15 +113,18 @@ def _device_ran_out(error: BaseException, doing: str | None) -> DeviceOutOfMemor
   import jax  # pylint: disable=g-import-not-at-top
   backend = jax.default_backend()
   device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
+  fix = _FIXES[doing]
+  if doing == 'classifying' and backend == 'cpu':  # On the CPU already: only freed memory helps.
+    fix = 'free memory (close other programs)'
   doing_words = f' {doing}' if doing else ''
   return DeviceOutOfMemory(f'{device} ran out of memory{doing_words} ({error_reason(error)}); '
-                           f'{_LOWER[doing]}, or use a device with more memory')
+                           f'{fix}, or use a device with more memory')
 
 
 @contextlib.contextmanager
 def device_memory_for(doing: str) -> Iterator[None]:
-  """The device's memory run out while `doing` ('training' or 'evaluating') as that one's line:
-  evaluation's fix (a smaller eval_batch_size) does nothing for training's."""
+  """The device's memory run out while `doing` (training, evaluating or classifying) as that one's
+  line: evaluation's fix (a smaller eval_batch_size) does nothing for training's."""
   try:
     yield
   except Exception as error:  # pylint: disable=broad-except; re-raised unless memory ran out

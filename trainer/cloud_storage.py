@@ -62,11 +62,29 @@ def _unanswered(bucket: str, error: BaseException) -> str:
   answer = first_cause(error, lambda cause: isinstance(
       cause, (exceptions.TooManyRequests, exceptions.ServerError)))
   if isinstance(answer, exceptions.GoogleAPICallError):
-    return (f'Cloud Storage answered {bucket} with {answer.code} {error_reason(answer.message)} '
-            'until the retries ran out: busy or failing for a while, not this machine; rerun the '
-            'same command later (https://status.cloud.google.com)')
+    retried = isinstance(first_cause(error, lambda cause: isinstance(
+        cause, exceptions.RetryError)), exceptions.RetryError)
+    return (f'Cloud Storage answered {bucket} with {answer.code} {error_reason(answer.message)}'
+            f'{" until the retries ran out" if retried else ""}: busy or failing for a while, not '
+            'this machine; rerun the same command later (https://status.cloud.google.com)')
   return (f'cannot reach Cloud Storage for {bucket} ({_unreachable_reason(error)}); check this '
           "machine's network connection, then rerun the same command")
+
+
+def _not_refreshed(bucket: str, error: BaseException) -> str:
+  """The line for credentials found but not refreshed: the token service out of reach (a VM's
+  metadata server: a network fault), failing for now (retryable), or refusing them (expired)."""
+  import requests  # pylint: disable=g-import-not-at-top; only for gs://
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  if first_cause(error, lambda cause: isinstance(
+      cause, (auth.TransportError, requests.ConnectionError, requests.Timeout))):
+    return _unanswered(bucket, error)
+  reason = error_reason(error.args[0] if error.args else error)
+  if getattr(error, 'retryable', False):
+    return (f'the Google Cloud credentials to reach {bucket} could not be refreshed for now '
+            f'({reason}); rerun the same command later')
+  return (f'the Google Cloud credentials found could not be refreshed to reach {bucket} '
+          f'({reason}): expired or revoked; {CREDENTIALS_HELP}')
 
 
 @contextlib.contextmanager
@@ -91,10 +109,8 @@ def user_errors(workdir: str) -> Iterator[None]:
                     'machine\'s account the Storage Object Admin role on the bucket (gcloud '
                     f'storage buckets add-iam-policy-binding {bucket} ...) or pass another '
                     '--workdir') from error
-  except auth.RefreshError as error:  # Found, but expired or revoked: ('invalid_grant: ...', {}).
-    reason = error_reason(error.args[0] if error.args else error)
-    raise UserError(f'the Google Cloud credentials found could not be refreshed to reach {bucket} '
-                    f'({reason}): expired or revoked; {CREDENTIALS_HELP}') from error
+  except auth.RefreshError as error:  # ('invalid_grant: ...', {}): expired or revoked, mostly.
+    raise UserError(_not_refreshed(bucket, error)) from error
   except auth.GoogleAuthError as error:
     raise UserError(f'no Google Cloud credentials to reach {bucket} ({type(error).__name__}); '
                     f'{CREDENTIALS_HELP}') from error

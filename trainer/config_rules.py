@@ -145,10 +145,11 @@ def settings_to_warn_of(config: ml_collections.ConfigDict) -> list[str]:
     notes.append(f'model.dropout_rate={config.model.dropout_rate} does nothing: dropout acts on '
                  'hidden layers and model.hidden_sizes=() has none; pass '
                  '--config.model.dropout_rate=0 to say so')
-  if config.warmup_epochs > config.num_epochs:
+  if config.warmup_epochs > config.num_epochs:  # Cut to the run (trainer/run.py's learning).
     notes.append(f'warmup_epochs={config.warmup_epochs} is longer than num_epochs='
-                 f'{config.num_epochs}: the learning rate never reaches learning_rate='
-                 f'{config.learning_rate}' + (' nor decays' if config.schedule == 'cosine' else ''))
+                 f'{config.num_epochs}: the learning rate reaches learning_rate='
+                 f'{config.learning_rate} only at the last step' +
+                 (', and never decays' if config.schedule == 'cosine' else ''))
   return notes
 
 

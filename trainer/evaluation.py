@@ -18,10 +18,10 @@ _predict = jax.jit(epoch_lib.predict, static_argnames='batch_size')  # Compiled 
 
 
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
-                   config: ml_collections.ConfigDict) -> np.ndarray:
+                   config: ml_collections.ConfigDict, doing: str = 'evaluating') -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, as the evaluation makes them."""
   with (jax.default_matmul_precision(config.matmul_precision),
-        backend.device_memory_for('evaluating')):
+        backend.device_memory_for(doing)):
     return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
 
 
@@ -122,4 +122,5 @@ def restore_run(run_dir: RunDirectory, warn: Callable[[str], None] = reporting.w
 def probabilities(config: ml_collections.ConfigDict, restored: Restored,
                   images: np.ndarray) -> np.ndarray:
   """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  return np.asarray(jax.nn.softmax(predict_logits(restored.state, images, config), axis=1))
+  logits = predict_logits(restored.state, images, config, 'classifying')
+  return np.asarray(jax.nn.softmax(logits, axis=1))

@@ -11,6 +11,7 @@ from typing import Any
 
 import ml_collections
 
+from command import STOP_SIGNALS
 from errors import UserError
 from mlp import steps
 from trainer import evaluation, processes, reporting
@@ -19,8 +20,6 @@ from trainer.config_rules import config_from_flat
 from trainer.run import Run, learning, open_run
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import STALE_AFTER_S
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Preempted(Exception):

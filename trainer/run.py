@@ -187,7 +187,8 @@ class Epochs:
     # One compiled program, its result born replicated on the mesh (eager init takes seconds).
     create = jax.jit(functools.partial(create_state, self.learning),
                      out_shardings=NamedSharding(self.mesh, P()))
-    return create(self.init_key)
+    with device_memory_for('training'):  # The parameters and optimizer state of every member.
+      return create(self.init_key)
 
   def train_epoch(self, state: steps.TrainState,
                   number: int) -> tuple[steps.TrainState, dict[str, Any]]:
