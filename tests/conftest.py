@@ -104,6 +104,24 @@ def limit_address_space(limit: int) -> str:
   return f'import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))\n'
 
 
+def signalled_in(command: str, module: str, name: str, then_do_it: bool = False) -> str:
+  """Python for `python -c`: `command` (train.py, predict.py, export.py; its flags after) run
+  with `module`'s `name` (a function, or Class.method) made to send the process a SIGTERM first,
+  then wait a second and (`then_do_it`) do its work, or wait for the end."""
+  holder, _, attribute = name.rpartition('.')
+  return (f'import importlib, os, runpy, signal, sys, time\n'
+          f'owner = importlib.import_module({module!r})\n'
+          + (f'owner = getattr(owner, {holder!r})\n' if holder else '') +
+          f'real = getattr(owner, {attribute!r})\n'
+          f'def signalled(*args, **kwargs):\n'
+          f'  os.kill(os.getpid(), signal.SIGTERM)\n'
+          f'  time.sleep({1 if then_do_it else 60})\n'
+          f'  return real(*args, **kwargs)\n'
+          f'setattr(owner, {attribute!r}, signalled)\n'
+          f'sys.argv = [{command!r}, *sys.argv[1:]]\n'
+          f'runpy.run_path({command!r}, run_name="__main__")\n')
+
+
 def assert_fails_cleanly(args: list[str], expected: str, workdir: pathlib.Path,
                          env: dict | None = None) -> None:
   """train.py given a mistake: non-zero exit, one `error: ...` line naming it, workdir untouched."""

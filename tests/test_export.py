@@ -17,7 +17,8 @@ import pytest
 from data.mnist import load_split
 from errors import UserError
 from serving.folder import OutFolder
-from tests.conftest import ROOT, TENSORFLOW_LOGS_AT_IMPORT, make_config, override_flags, run_train
+from tests.conftest import (ROOT, TENSORFLOW_LOGS_AT_IMPORT, make_config, override_flags, run_train,
+                            signalled_in)
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
@@ -353,26 +354,12 @@ def test_a_signal_while_writing_is_one_line_and_leaves_no_staged_copy(sent, said
 
 
 # export.py made to receive a SIGTERM as it reports an export already whole in --out.
-STOPPED_AFTER = ('import errors, os, runpy, signal, sys, time\n'
-                 'def say(*_):\n'
-                 '  os.kill(os.getpid(), signal.SIGTERM)\n'
-                 '  time.sleep(60)\n'
-                 'errors.say = say\n'
-                 'sys.argv = ["export.py", *sys.argv[1:]]\n'
-                 'runpy.run_path("export.py", run_name="__main__")\n')
+STOPPED_AFTER = signalled_in('export.py', 'errors', 'say')
 
 
 # export.py made to receive a SIGTERM as its files start to replace an older export in --out.
-STOPPED_IN_THE_SWAP = ('import os, runpy, signal, sys, time\n'
-                       'from serving.folder import OutFolder\n'
-                       'move_in = OutFolder._move_in\n'
-                       'def stopped_then_moved(self, staging):\n'
-                       '  os.kill(os.getpid(), signal.SIGTERM)\n'
-                       '  time.sleep(1)\n'
-                       '  move_in(self, staging)\n'
-                       'OutFolder._move_in = stopped_then_moved\n'
-                       'sys.argv = ["export.py", *sys.argv[1:]]\n'
-                       'runpy.run_path("export.py", run_name="__main__")\n')
+STOPPED_IN_THE_SWAP = signalled_in('export.py', 'serving.folder', 'OutFolder._move_in',
+                                   then_do_it=True)
 
 
 @pytest.mark.slow  # A fresh process that restores the run: 3-4 s.

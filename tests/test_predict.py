@@ -19,7 +19,7 @@ from data import digit_images
 from data.mnist import load_split
 from errors import UserError
 from library_errors import THREAD_REFUSED
-from tests.conftest import ROOT, make_config, read_metrics, run_train
+from tests.conftest import ROOT, make_config, read_metrics, run_train, signalled_in
 from trainer import checkpoints, config_rules, evaluation, pictures
 from trainer.reporting import EVAL_FILE
 from trainer.run_dir import RunDirectory
@@ -105,14 +105,7 @@ def test_a_device_out_of_memory_as_predict_classifies_names_a_fix_it_has(monkeyp
 
 
 # predict.py made to receive a SIGTERM once it has printed every image's digit.
-STOPPED_AFTER = ('import os, runpy, signal, sys, time\n'
-                 'from trainer import evaluation\n'
-                 'def ensemble_of(config):\n'
-                 '  os.kill(os.getpid(), signal.SIGTERM)\n'
-                 '  time.sleep(60)\n'
-                 'evaluation.ensemble_of = ensemble_of\n'
-                 'sys.argv = ["predict.py", *sys.argv[1:]]\n'
-                 'runpy.run_path("predict.py", run_name="__main__")\n')
+STOPPED_AFTER = signalled_in('predict.py', 'trainer.evaluation', 'ensemble_of')
 
 
 @pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
