@@ -507,3 +507,29 @@ def test_credentials_not_refreshed_are_said_by_why_the_refresh_failed():
   assert lines[2].startswith('the Google Cloud credentials found could not be refreshed to reach '
                              'gs://b (invalid_grant: Token has been expired or revoked.): expired '
                              'or revoked; on a Cloud TPU or GCE VM')
+
+
+@pytest.mark.parametrize('code, said', [
+    (503, 'Cloud Storage answered Service Unavailable, 503 writing gs://b/run/metrics.jsonl, again '
+          'after the retries: busy or failing for a while, not this machine; rerun the same '
+          'command later (https://status.cloud.google.com)'),
+    (401, 'Cloud Storage refused the credentials writing gs://b/run/metrics.jsonl (Invalid '
+          'Credentials, 401); on a Cloud TPU or GCE VM')])
+def test_a_bucket_answering_an_error_mid_run_is_one_line(monkeypatch, code, said):
+  """gcsfs raises its HttpError, no OSError, once its retries are spent: it escaped every writer."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  from gcsfs.retry import HttpError  # pylint: disable=g-import-not-at-top
+  message = {503: 'Service Unavailable', 401: 'Invalid Credentials'}[code]
+
+  def answered(*_):
+    raise HttpError({'code': code, 'message': message})
+
+  monkeypatch.setattr(epath.Path, 'write_bytes', answered)
+  monkeypatch.setattr(epath.Path, 'read_bytes', answered)
+  workdir = RunDirectory('gs://b/run')
+  with pytest.raises(UserError) as writing:
+    workdir.write('metrics.jsonl', 'x')
+  assert str(writing.value).startswith(said)
+  with pytest.raises(UserError) as reading:
+    workdir.read_bytes('metrics.jsonl')
+  assert str(reading.value).startswith(said.replace('writing', 'reading'))

@@ -71,6 +71,23 @@ def _unanswered(bucket: str, error: BaseException) -> str:
           "machine's network connection, then rerun the same command")
 
 
+@contextlib.contextmanager
+def answers_said(url: str, doing: str) -> Iterator[None]:
+  """An HTTP error that gcsfs raises once its own retries are spent (429, 5xx; a 401 where the
+  credentials lapsed mid-run) as the user's one line: no OSError, it escaped every writer's."""
+  from gcsfs.retry import HttpError  # pylint: disable=g-import-not-at-top; only for gs://
+  try:
+    yield
+  except HttpError as error:
+    answer = error_reason(error) or type(error).__name__
+    if error.code == 401:
+      raise UserError(f'Cloud Storage refused the credentials {doing} {url} ({answer}); '
+                      f'{CREDENTIALS_HELP}, then rerun the same command') from error
+    raise UserError(f'Cloud Storage answered {answer} {doing} {url}, again after the retries: '
+                    'busy or failing for a while, not this machine; rerun the same command later '
+                    '(https://status.cloud.google.com)') from error
+
+
 def _not_refreshed(bucket: str, error: BaseException) -> str:
   """The line for credentials found but not refreshed: the token service out of reach (a VM's
   metadata server: a network fault), failing for now (retryable), or refusing them (expired)."""

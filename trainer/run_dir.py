@@ -9,7 +9,7 @@ import sys
 from etils import epath
 
 from errors import UserError, write_failed
-from trainer.cloud_storage import REMOTE_PREFIX, reach
+from trainer.cloud_storage import REMOTE_PREFIX, answers_said, reach
 
 URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')  # s3://, https://: no run directory here.
 
@@ -104,7 +104,8 @@ class RunDirectory:
     """A file's bytes, or None if there is none; one line for a file that cannot be read. Bytes:
     what a line that is not UTF-8 text means is the reader's to say."""
     try:
-      return self.path(name).read_bytes()
+      with answers_said(self.file(name), 'reading') if self.remote else contextlib.nullcontext():
+        return self.path(name).read_bytes()
     except FileNotFoundError:
       return None
     except OSError as error:  # A folder of that name, no permission, an I/O error.
@@ -116,7 +117,8 @@ class RunDirectory:
     copy that could not be finished (a full disk) is removed, leaving the old file as it was."""
     raw = data.encode('utf-8') if isinstance(data, str) else data
     if self.remote:
-      self.path(name).write_bytes(raw)
+      with answers_said(self.file(name), 'writing'):
+        self.path(name).write_bytes(raw)
       return
     partial = self.file(f'{name}.tmp')
     try:
