@@ -1177,3 +1177,20 @@ def test_a_save_refused_its_folder_ends_in_one_line_at_once_and_resumes(small_ru
   resumed = run_train(*args)
   assert resumed.returncode == 0 and 'resumed from epoch 1' in resumed.stdout, resumed.stderr
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
+
+
+def test_a_bucket_that_will_not_answer_for_a_checkpoint_s_metadata_names_no_damage(monkeypatch):
+  """gcsfs's HttpError (a 503 after its retries) is no damage: the newest checkpoint is neither set
+  aside nor passed over for an older one."""
+  from gcsfs.retry import HttpError  # pylint: disable=g-import-not-at-top
+
+  def read_text(path, *_, **__):
+    if '/2/' in str(path):
+      raise HttpError({'code': 503, 'message': 'Service Unavailable'})
+    return json.dumps({'fingerprint': 'f', 'config': {'seed': 0}})
+
+  monkeypatch.setattr(RunDirectory, 'checkpoint_epochs', lambda self: [1, 2])
+  monkeypatch.setattr(epath.Path, 'read_text', read_text)
+  with pytest.raises(UserError, match=r'^Cloud Storage answered Service Unavailable, 503 reading '
+                                      r'gs://b/run/2/\S+, again after the retries'):
+    checkpoint.saved_config(RunDirectory('gs://b/run'))

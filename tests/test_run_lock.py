@@ -533,3 +533,8 @@ def test_a_bucket_answering_an_error_mid_run_is_one_line(monkeypatch, code, said
   with pytest.raises(UserError) as reading:
     workdir.read_bytes('metrics.jsonl')
   assert str(reading.value).startswith(said.replace('writing', 'reading'))
+  monkeypatch.setattr(type(workdir.path()), 'is_dir', answered)  # gs://'s own class.
+  with pytest.raises(UserError) as listing:
+    workdir.checkpoint_epochs()
+  assert str(listing.value).startswith(said.replace('writing gs://b/run/metrics.jsonl',
+                                                    'listing gs://b/run/'))

@@ -247,7 +247,8 @@ class _OrbaxReports(logging.Filter):
 def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
   """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on); its config
   as trained, with the fields newer than it."""
-  meta = json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
+  with run_dir.answers_said(f'{epoch}/{META_FILE}', 'reading'):  # A bucket's: no damage.
+    meta = json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
   if not (isinstance(meta, dict) and isinstance(meta.get('fingerprint'), str)
           and isinstance(meta.get('config'), dict) and meta['config']):
     raise MalformedMetadata('it holds no fingerprint, or no config of fields')
@@ -280,6 +281,8 @@ def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] 
   for epoch in reversed(run_dir.checkpoint_epochs()):
     try:
       config = _read_meta(run_dir, epoch)['config']
+    except UserError:  # Cloud Storage's answer, said: the checkpoint may well be whole.
+      raise
     except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
       if host_limit(error):  # But the machine's memory or threads, which are said as such.
         raise

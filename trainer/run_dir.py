@@ -97,6 +97,10 @@ class RunDirectory:
                       'denied); let this user read it (its owner can run chmod -R a+rX on it), '
                       'or pass a --workdir that this user can read')
 
+  def answers_said(self, name: str, doing: str) -> contextlib.AbstractContextManager[None]:
+    """A bucket's error answers about `name` (gcsfs raises them as no OSError) as one line."""
+    return answers_said(self.file(name), doing) if self.remote else contextlib.nullcontext()
+
   def exists(self) -> bool:
     return self.path().is_dir()
 
@@ -104,7 +108,7 @@ class RunDirectory:
     """A file's bytes, or None if there is none; one line for a file that cannot be read. Bytes:
     what a line that is not UTF-8 text means is the reader's to say."""
     try:
-      with answers_said(self.file(name), 'reading') if self.remote else contextlib.nullcontext():
+      with self.answers_said(name, 'reading'):
         return self.path(name).read_bytes()
     except FileNotFoundError:
       return None
@@ -117,7 +121,7 @@ class RunDirectory:
     copy that could not be finished (a full disk) is removed, leaving the old file as it was."""
     raw = data.encode('utf-8') if isinstance(data, str) else data
     if self.remote:
-      with answers_said(self.file(name), 'writing'):
+      with self.answers_said(name, 'writing'):
         self.path(name).write_bytes(raw)
       return
     partial = self.file(f'{name}.tmp')
@@ -142,9 +146,10 @@ class RunDirectory:
     peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
     without its commit marker."""
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; only when listing
-    if not self.exists():  # Not there, or a file: no checkpoint to list (orbax would raise).
-      return []
-    return sorted(ocp.path.step.checkpoint_steps(self.path()))
+    with self.answers_said('', 'listing'):
+      if not self.exists():  # Not there, or a file: no checkpoint to list (orbax would raise).
+        return []
+      return sorted(ocp.path.step.checkpoint_steps(self.path()))
 
   def stray_epochs(self) -> list[tuple[int, str]]:
     """(epoch, what it is) of each entry on a disk named as an epoch's checkpoint but no folder: a
