@@ -416,11 +416,13 @@ def test_memory_that_runs_out_in_a_restore_is_one_line_and_moves_nothing(small_c
 @pytest.mark.parametrize('doing, fix', [
     ('training', 'lower batch_size, num_models or model.hidden_sizes in a new --workdir'),
     ('evaluating', 'lower eval_batch_size (the same command then resumes)'),
-    ('drawing', 'lower eval_batch_size (the same command then resumes)')])
+    ('drawing', 'lower eval_batch_size (the same command then resumes)'),
+    ('creating', 'lower batch_size, num_models or model.hidden_sizes in a new --workdir')])
 def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, monkeypatch, doing,
                                                                    fix):
   """A smaller eval_batch_size does nothing for training's memory, nor batch_size for
-  evaluation's (the pictures' predictions are evaluation's too)."""
+  evaluation's (the pictures' predictions are evaluation's too); the state's creation is
+  training's."""
   from trainer import run  # pylint: disable=g-import-not-at-top
 
   def out_of_memory(*_, **__):
@@ -428,6 +430,14 @@ def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, mo
 
   if doing == 'drawing':
     monkeypatch.setattr(evaluation, '_predict', out_of_memory)
+  elif doing == 'creating':  # The model's parameters, made in the fresh state's program.
+    compile_epochs = run.compile_epochs
+
+    def model_out_of_memory(*args):
+      epochs = compile_epochs(*args)
+      return dataclasses.replace(epochs, learning=epochs.learning._replace(model=out_of_memory))
+
+    monkeypatch.setattr(run, 'compile_epochs', model_out_of_memory)
   else:
     compile_epochs = run.compile_epochs
     program = {'training': 'train_program', 'evaluating': 'eval_program'}[doing]
@@ -436,7 +446,7 @@ def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, mo
   with pytest.raises(UserError) as stopped:
     loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:512]',
                                         data__eval_split='test[:100]'), RunDirectory(tmp_path))
-  said = 'evaluating' if doing == 'drawing' else doing
+  said = {'drawing': 'evaluating', 'creating': 'training'}.get(doing, doing)
   assert str(stopped.value) == (f'this machine ran out of memory {said} ({XLA_OUT_OF_MEMORY}); '
                                 f'{fix}, or use a device with more memory')
 
