@@ -62,10 +62,10 @@ def check_min_seconds() -> None:
   kind, within, _ = config_rules.NUMBERS['checkpoint_min_seconds']  # As train.py checks it.
   for text in MIN_SECONDS.value:
     try:
-      fits = within(float(text)) and math.isfinite(float(text))
+      seconds = float(text)
     except ValueError:
-      fits = False
-    if not fits:
+      seconds = math.nan
+    if not (math.isfinite(seconds) and within(seconds)):
       raise UserError(f'--min_seconds={",".join(MIN_SECONDS.value)}: {text!r} is not {kind} of '
                       'seconds; pass e.g. --min_seconds=0.5,5')
   if MIN_SECONDS.value and PART.value == 'costs':

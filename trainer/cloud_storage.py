@@ -15,6 +15,9 @@ CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account
 # How long the first touch of a bucket retries before the run says Cloud Storage is out of reach
 # (the client's default: 120 s); the lock's later writes keep the default's patience.
 REACH_TIMEOUT_S = 30.0
+# What a 429 or 5xx that outlasted the retries means, and the fix.
+BUSY = ('busy or failing for a while, not this machine; rerun the same command later '
+        '(https://status.cloud.google.com)')
 
 
 def client() -> Any:
@@ -62,11 +65,9 @@ def _unanswered(bucket: str, error: BaseException) -> str:
   answer = first_cause(error, lambda cause: isinstance(
       cause, (exceptions.TooManyRequests, exceptions.ServerError)))
   if isinstance(answer, exceptions.GoogleAPICallError):
-    retried = isinstance(first_cause(error, lambda cause: isinstance(
-        cause, exceptions.RetryError)), exceptions.RetryError)
+    retried = first_cause(error, lambda cause: isinstance(cause, exceptions.RetryError))
     return (f'Cloud Storage answered {bucket} with {answer.code} {error_reason(answer.message)}'
-            f'{" until the retries ran out" if retried else ""}: busy or failing for a while, not '
-            'this machine; rerun the same command later (https://status.cloud.google.com)')
+            f'{" until the retries ran out" if retried else ""}: {BUSY}')
   return (f'cannot reach Cloud Storage for {bucket} ({_unreachable_reason(error)}); check this '
           "machine's network connection, then rerun the same command")
 
@@ -84,8 +85,7 @@ def answers_said(url: str, doing: str) -> Iterator[None]:
       raise UserError(f'Cloud Storage refused the credentials {doing} {url} ({answer}); '
                       f'{CREDENTIALS_HELP}, then rerun the same command') from error
     raise UserError(f'Cloud Storage answered {answer} {doing} {url}, again after the retries: '
-                    'busy or failing for a while, not this machine; rerun the same command later '
-                    '(https://status.cloud.google.com)') from error
+                    f'{BUSY}') from error
 
 
 def _not_refreshed(bucket: str, error: BaseException) -> str:
