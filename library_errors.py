@@ -30,6 +30,12 @@ ORBAX_STEP_GONE = re.compile(r'^Unable to find the step \d+ for deletion.* under
 # Out of memory while trying to allocate N bytes' or '... Failed to allocate request for ...' on a
 # GPU, 'Out of memory allocating N bytes' on the CPU (after 'INTERNAL: ...' from a running program).
 DEVICE_OUT_OF_MEMORY = re.compile(r'RESOURCE_EXHAUSTED|Out of memory')
+# The allocation that failed, in those words. A GPU's compiler out of memory while it tries kernels
+# (autotuning) heads its text 'RESOURCE_EXHAUSTED: Failed to get configs for: 17 out of 81
+# instructions. See logs for all failures. Example failure:' and names it further on (seen on an
+# NVIDIA H200 with jax 0.11.2: '... Out of memory while trying to allocate 19.09GiB with ...').
+DEVICE_ALLOCATION = re.compile(
+    r'Out of memory (?:while trying to allocate|allocating) [\d.]+ ?[A-Za-z]*')
 # Python's RuntimeError when the OS will not start another thread (memory, or a limit of processes).
 THREAD_REFUSED = "can't start new thread"
 # The system's words (glibc's dlerror) when a compiled library cannot be mapped into the process:

@@ -451,6 +451,40 @@ def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, mo
                                 f'{fix}, or use a device with more memory')
 
 
+# A GPU's compiler out of memory while it tries kernels (an NVIDIA H200, jax 0.11.2): its text heads
+# with the kernels it could not try, then one example's HLO and status.
+AUTOTUNING_OUT_OF_MEMORY = (
+    'RESOURCE_EXHAUSTED: Failed to get configs for: 17 out of 81 instructions. See logs for all '
+    'failures. Example failure:\nCould not get config for HLO: %gemm_fusion_dot.8 = '
+    'f32[20000,128,1500]{2,1,0} fusion(%a, %b), kind=kCustom. Status: RESOURCE_EXHAUSTED: Out of '
+    'memory while trying to allocate 19.09GiB with allocator GPU_0_bfc on device 0.')
+
+
+@pytest.mark.parametrize('program, said', [(True, 'training'), (False, 'evaluating')],
+                         ids=['training', 'evaluating'])
+def test_a_device_out_of_memory_while_compiling_names_the_program_s_fix_and_its_allocation(
+    tmp_path, monkeypatch, program, said):
+  """A GPU's compiler times candidate kernels in device memory: a model too big runs out there,
+  before any epoch; the line names the allocation, not the count of kernels."""
+  from trainer import run  # pylint: disable=g-import-not-at-top
+  compile_program = run._compile  # pylint: disable=protected-access
+
+  def out_of_memory_compiling(*args, donate):
+    if donate == program:  # The training program is the one that donates its state.
+      raise jax.errors.JaxRuntimeError(AUTOTUNING_OUT_OF_MEMORY)
+    return compile_program(*args, donate=donate)
+
+  monkeypatch.setattr(run, '_compile', out_of_memory_compiling)
+  with pytest.raises(UserError) as stopped:
+    loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:512]',
+                                        data__eval_split='test[:100]'), RunDirectory(tmp_path))
+  fix = {'training': 'lower batch_size, num_models or model.hidden_sizes in a new --workdir',
+         'evaluating': 'lower eval_batch_size (the same command then resumes)'}[said]
+  assert str(stopped.value) == (
+      f'this machine ran out of memory {said} (Out of memory while trying to allocate 19.09GiB); '
+      f'{fix}, or use a device with more memory')
+
+
 def test_memory_that_runs_out_reading_a_checkpoint_s_metadata_is_no_damage(small_copy, monkeypatch):
   """Its small JSON is read before anything restores: the machine's line, not 'cannot be read'."""
   def out_of_memory(*_, **__):

@@ -20,7 +20,7 @@ from data.idx import load_idx
 from data.mnist import load_splits
 from data.splits import parse_split
 from errors import UserError
-from configs import best, default, quick
+from configs import best, committee, default, quick
 from tests.conftest import ROOT, make_config
 
 
@@ -375,9 +375,9 @@ def test_distortions_depend_on_the_example_not_its_position_and_change_each_epoc
   assert not np.array_equal(together, later)
 
 
-@pytest.mark.parametrize('config_file', ['default', 'quick', 'best'])
+@pytest.mark.parametrize('config_file', ['default', 'quick', 'best', 'committee'])
 def test_validation_after_the_config_file_holds_out_the_last_10000_training_images(config_file):
-  module = {'default': default, 'quick': quick, 'best': best}[config_file]
+  module = {'default': default, 'quick': quick, 'best': best, 'committee': committee}[config_file]
   chosen, held_out = (parse_split(s) for s in (module.get_config().data.train_split,
                                                module.get_config().data.eval_split))
   assert (chosen.name, chosen.size, held_out.name, held_out.size) == ('train', 60_000, 'test',

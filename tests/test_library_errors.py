@@ -85,6 +85,7 @@ def test_xla_words_an_allocation_past_the_memory_as_recognized():
                        timeout=120, env={'PATH': '/usr/bin:/bin', 'JAX_PLATFORMS': 'cpu'})
   assert out.stdout.startswith('JaxRuntimeError '), out.stdout + out.stderr
   assert library_errors.DEVICE_OUT_OF_MEMORY.search(out.stdout), out.stdout
+  assert library_errors.DEVICE_ALLOCATION.search(out.stdout), out.stdout  # The bytes it asked.
 
 
 

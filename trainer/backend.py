@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterator
 
 from errors import UserError, error_reason, first_cause, host_out_of_memory, thread_refused
-from library_errors import DEVICE_OUT_OF_MEMORY
+from library_errors import DEVICE_ALLOCATION, DEVICE_OUT_OF_MEMORY
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
@@ -117,8 +117,16 @@ def _device_ran_out(error: BaseException, doing: str | None) -> DeviceOutOfMemor
   if doing == 'classifying' and backend == 'cpu':  # On the CPU already: only freed memory helps.
     fix = 'free memory (close other programs)'
   doing_words = f' {doing}' if doing else ''
-  return DeviceOutOfMemory(f'{device} ran out of memory{doing_words} ({error_reason(error)}); '
+  return DeviceOutOfMemory(f'{device} ran out of memory{doing_words} ({_memory_reason(error)}); '
                            f'{fix}, or use a device with more memory')
+
+
+def _memory_reason(error: BaseException) -> str:
+  """XLA's words for the memory that ran out; the allocation, where the first line does not name
+  it (a GPU's compiler's)."""
+  reason = error_reason(error)
+  allocation = DEVICE_ALLOCATION.search(str(error))
+  return allocation.group(0) if allocation and not DEVICE_ALLOCATION.search(reason) else reason
 
 
 @contextlib.contextmanager

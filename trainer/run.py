@@ -239,11 +239,13 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
-      train_program = _compile(functools.partial(train_fn, spec=epoch_spec(config, axis)),
-                               mesh, mode, (template, train_data, run_key, number), donate=True)
-    eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
-                                              axis_name=axis), mesh, mode, (template, eval_data),
-                            donate=False)
+      with device_memory_for('training'):  # A GPU's compiler tries kernels in device memory.
+        train_program = _compile(functools.partial(train_fn, spec=epoch_spec(config, axis)),
+                                 mesh, mode, (template, train_data, run_key, number), donate=True)
+    with device_memory_for('evaluating'):
+      eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
+                                                axis_name=axis), mesh, mode,
+                              (template, eval_data), donate=False)
   return Epochs(mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
                 template, train_program, eval_program, _placement(config, mode, mesh),
                 time.perf_counter() - start)
