@@ -35,7 +35,7 @@ DEVICE_OUT_OF_MEMORY = re.compile(r'RESOURCE_EXHAUSTED|Out of memory')
 # instructions. See logs for all failures. Example failure:' and names it further on (seen on an
 # NVIDIA H200 with jax 0.11.2: '... Out of memory while trying to allocate 19.09GiB with ...').
 DEVICE_ALLOCATION = re.compile(
-    r'Out of memory (?:while trying to allocate|allocating) [\d.]+ ?[A-Za-z]*')
+    r'Out of memory (?:while trying to allocate|allocating) [\d.]+ ?(?:[KMGTP]i?B|bytes)')
 # Python's RuntimeError when the OS will not start another thread (memory, or a limit of processes).
 THREAD_REFUSED = "can't start new thread"
 # The system's words (glibc's dlerror) when a compiled library cannot be mapped into the process:

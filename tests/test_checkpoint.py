@@ -463,15 +463,13 @@ AUTOTUNING_OUT_OF_MEMORY = (
 @pytest.mark.parametrize('program, said', [(True, 'training'), (False, 'evaluating')],
                          ids=['training', 'evaluating'])
 def test_a_device_out_of_memory_while_compiling_names_the_program_s_fix_and_its_allocation(
-    tmp_path, monkeypatch, capfd, program, said):
+    tmp_path, monkeypatch, program, said):
   """A GPU's compiler times candidate kernels in device memory: a model too big runs out there,
-  before any epoch; the line names the allocation, not the count of kernels, and XLA's log of
-  each kernel it could not try (100 KB) is not said before it. The other program's logs are."""
+  before any epoch; the line names the allocation, not the count of kernels."""
   from trainer import run  # pylint: disable=g-import-not-at-top
   compile_program = run._compile  # pylint: disable=protected-access
 
   def out_of_memory_compiling(*args, donate):
-    os.write(2, f'E1127 config_assigner.cc:536] Could not get config, donate={donate}\n'.encode())
     if donate == program:  # The training program is the one that donates its state.
       raise jax.errors.JaxRuntimeError(AUTOTUNING_OUT_OF_MEMORY)
     return compile_program(*args, donate=donate)
@@ -485,9 +483,6 @@ def test_a_device_out_of_memory_while_compiling_names_the_program_s_fix_and_its_
   assert str(stopped.value) == (
       f'this machine ran out of memory {said} (Out of memory while trying to allocate 19.09GiB); '
       f'{fix}, or use a device with more memory')
-  logged = capfd.readouterr().err
-  assert f'donate={program}' not in logged
-  assert ('donate=True' in logged) == (not program)  # Training's compiled first: said.
 
 
 def test_memory_that_runs_out_reading_a_checkpoint_s_metadata_is_no_damage(small_copy, monkeypatch):

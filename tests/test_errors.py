@@ -180,44 +180,6 @@ def test_a_ctrl_c_while_native_logs_are_muted_still_says_its_line_and_only_it():
   assert out.returncode == 130 and out.stderr == 'error: stopped while muted\n', out.stderr
 
 
-# A block's C++ logs (fd 2) and Python's lines, held (native_logs.native_stderr_held); argv[1]: how
-# the block ends.
-HELD = ('import os, sys, native_logs\n'
-        'os.write(2, b"before\\n")\n'
-        'try:\n'
-        '  with native_logs.native_stderr_held() as logs:\n'
-        '    os.write(2, b"a library log line in C++\\n")\n'
-        '    print("a Python warning", file=sys.stderr)\n'
-        '    os.write(1, b"while held\\n")\n'
-        '    if sys.argv[1] == "dropped":\n'
-        '      logs.drop()\n'
-        '    if sys.argv[1] != "ended":\n'
-        '      raise ValueError("the block failed")\n'
-        'except ValueError:\n'
-        '  pass\n'
-        'os.write(2, b"after\\n")\n')
-
-
-@pytest.mark.parametrize('ending, said', [
-    ('ended', 'before\na library log line in C++\na Python warning\nafter\n'),
-    ('failed', 'before\na library log line in C++\na Python warning\nafter\n'),
-    ('dropped', 'before\nafter\n')])
-def test_logs_held_through_a_block_are_said_when_it_ends_unless_dropped(ending, said):
-  out = subprocess.run([sys.executable, '-c', HELD, ending], cwd=ROOT, stdout=subprocess.PIPE,
-                       stderr=subprocess.STDOUT, text=True, timeout=60)
-  assert out.returncode == 0 and out.stdout.replace('while held\n', '', 1) == said, out.stdout
-  assert out.stdout.index('while held') < out.stdout.index('after'), out.stdout
-  if ending != 'dropped':  # Held: said after what the block printed on stdout, not before.
-    assert out.stdout.index('while held') < out.stdout.index('a library log line'), out.stdout
-
-
-def test_a_block_whose_logs_cannot_be_held_runs_as_it_would():
-  """No stderr to hold (a daemon's closed descriptor): the block runs, its logs go nowhere."""
-  out = run_python('import os, native_logs\nos.close(2)\n'
-                   'with native_logs.native_stderr_held():\n  os.write(1, b"ran")\n')
-  assert (out.returncode, out.stdout) == (0, 'ran')
-
-
 @pytest.mark.parametrize('command', ['predict.py', 'export.py'])
 def test_a_tool_s_help_exits_0_and_a_reader_gone_or_a_full_disk_is_no_traceback(command):
   """absl's help exits 1 once printed; a reader that has gone (`| head -1`) is no error."""

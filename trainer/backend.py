@@ -9,7 +9,6 @@ from collections.abc import Iterator
 
 from errors import UserError, error_reason, first_cause, host_out_of_memory, thread_refused
 from library_errors import DEVICE_ALLOCATION, DEVICE_OUT_OF_MEMORY
-from native_logs import native_stderr_held
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
@@ -141,19 +140,6 @@ def device_memory_for(doing: str) -> Iterator[None]:
     if memory_error is None or isinstance(memory_error, MemoryError):  # The host's: said outside.
       raise
     raise _device_ran_out(memory_error, doing) from error
-
-
-@contextlib.contextmanager
-def compiling_for(doing: str) -> Iterator[None]:
-  """A program's compilation for `doing`, its device out of memory said in doing's line alone: a
-  GPU's compiler logs 100 KB of the kernels it could not try first. Other logs are said after."""
-  with native_stderr_held() as logs:
-    try:
-      with device_memory_for(doing):
-        yield
-    except DeviceOutOfMemory:
-      logs.drop()
-      raise
 
 
 @contextlib.contextmanager

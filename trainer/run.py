@@ -20,7 +20,7 @@ from errors import ConfigError
 from mlp import augment, batches, epoch, optim, randomness, steps
 from mlp.model import MLP
 from trainer import processes
-from trainer.backend import compiling_for, device_memory_for, machine_limits_said
+from trainer.backend import device_memory_for, machine_limits_said
 from trainer.checkpoints import Checkpoints, refuse_other_numbers
 from trainer.reporting import Reporter
 from trainer.run_dir import RunDirectory
@@ -239,10 +239,10 @@ def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
-      with compiling_for('training'):  # A GPU's compiler tries kernels in device memory.
+      with device_memory_for('training'):  # A GPU's compiler tries kernels in device memory.
         train_program = _compile(functools.partial(train_fn, spec=epoch_spec(config, axis)),
                                  mesh, mode, (template, train_data, run_key, number), donate=True)
-    with compiling_for('evaluating'):
+    with device_memory_for('evaluating'):
       eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
                                                 axis_name=axis), mesh, mode,
                               (template, eval_data), donate=False)
