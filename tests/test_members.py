@@ -24,11 +24,12 @@ from trainer.run_dir import RunDirectory
 # its own draw). The 2x64 model and seed 1 are tests/parallel_probe.py's, whose tolerance
 # (tests/conftest.py's assert_same_numbers) holds here.
 TRAIN_COUNT = 1024
+DISTORTIONS = dict(rotation=10.0, scale=0.15, shear=8.0, translate=2.0, elastic_alpha=34.0,
+                   elastic_sigma=6.0)
 SETTINGS = dict(num_epochs=2, checkpoint_min_seconds=0, model__hidden_sizes=(64, 64),
                 model__dropout_rate=0.2, data__train_split=f'train[:{TRAIN_COUNT}]',
-                data__max_shift=1, seed=1, **{f'data__distort__{name}': value for name, value in dict(
-                    rotation=10.0, scale=0.15, shear=8.0, translate=2.0, elastic_alpha=34.0,
-                    elastic_sigma=6.0).items()})
+                data__max_shift=1, seed=1,
+                **{f'data__distort__{name}': value for name, value in DISTORTIONS.items()})
 MEMBERS = 3
 
 
