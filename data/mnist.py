@@ -32,7 +32,7 @@ def load_splits(data_config: ml_collections.ConfigDict, *specs: str) -> tuple[Ex
     from data import tfds_source
     # The parsed range, written the way TFDS's own parser accepts it.
     loaded = [tfds_source.load_tfds(f'{s.name}[{s.start}:{s.stop}]', manual_dir=data_config.dir,
-                                    data_dir=data_config.get('tfds_data_dir', '')) for s in splits]
+                                    data_dir=data_config.tfds_data_dir) for s in splits]
   return tuple(Examples(np.ascontiguousarray(images.reshape(len(labels), -1)), labels)
                for images, labels in loaded)
 
