@@ -37,6 +37,16 @@ def test_a_refused_write_is_one_line_with_the_path_the_reason_and_the_fix(error,
                      'rerun the same command to resume from the newest checkpoint')
 
 
+@pytest.mark.parametrize('code, fix', [
+    (errno.EMFILE, 'raise the limit of open files (ulimit -n)'),
+    (errno.ENFILE, "close other programs: the system's open files are at its limit")])
+def test_a_write_past_the_limit_of_open_files_names_that_limit_not_space(code, fix):
+  """A save's threads open files and sockets: a small `ulimit -n` (under about 20) refuses one."""
+  message = str(write_failed('/runs/a', OSError(code, os.strerror(code)), saved=False))
+  assert message == (f'cannot write /runs/a ({os.strerror(code)}); {fix}, then rerun the same '
+                     'command to start again: no checkpoint is there to resume from')
+
+
 def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
   error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
   assert str(write_failed('/r', error, saved=False)).endswith(
