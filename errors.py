@@ -123,13 +123,17 @@ def _os_reason(text: str) -> str:
   return clipped(text)
 
 
-# A folder for a file, or back; a file where a folder on the way is made (os.makedirs).
-IN_THE_WAY = (os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR), os.strerror(errno.EEXIST))
-NO_FOLDER = os.strerror(errno.ENOENT)  # A folder on the way gone, or one that takes no new files.
-# The process's limit of open files (ulimit -n) reached, or the whole system's.
-OPEN_FILES = {os.strerror(errno.EMFILE): 'raise the limit of open files (ulimit -n)',
-              os.strerror(errno.ENFILE): "close other programs: the system's open files are at "
-                                         'its limit'}
+# The fix for a write the OS refused, by its reason; any other (a full disk, lost access): free
+# space or restore access.
+WRITE_FIXES = {
+    # A folder for a file, or back; a file where a folder on the way is made (os.makedirs).
+    **dict.fromkeys((os.strerror(errno.EISDIR), os.strerror(errno.ENOTDIR),
+                     os.strerror(errno.EEXIST)), 'move the folder or file in its way out of it'),
+    # A folder on the way gone, or one that takes no new files.
+    os.strerror(errno.ENOENT): 'make sure the folder that holds it is there and takes new files',
+    # The process's limit of open files (ulimit -n) reached, or the whole system's.
+    os.strerror(errno.EMFILE): 'raise the limit of open files (ulimit -n)',
+    os.strerror(errno.ENFILE): "close other programs: the system's open files are at its limit"}
 
 
 def write_failed(path: str, error: Exception, saved: bool | None = None) -> UserError:
@@ -140,9 +144,7 @@ def write_failed(path: str, error: Exception, saved: bool | None = None) -> User
   reason = getattr(error, 'strerror', None) or _os_reason(str(error))
   then = {True: ' to resume from the newest checkpoint',
           False: ' to start again: no checkpoint is there to resume from', None: ''}[saved]
-  fix = ('move the folder or file in its way out of it' if reason in IN_THE_WAY
-         else 'make sure the folder that holds it is there and takes new files'
-         if reason == NO_FOLDER else OPEN_FILES.get(reason, 'free space or restore access there'))
+  fix = WRITE_FIXES.get(reason, 'free space or restore access there')
   return UserError(f'cannot write {path} ({reason}); {fix}, then rerun the same command{then}')
 
 
