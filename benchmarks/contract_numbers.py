@@ -3,8 +3,8 @@
   python -m benchmarks.contract_numbers --out=/tmp/before     # record, before the change
   python -m benchmarks.contract_numbers --out=/tmp/after --compare=/tmp/before
 
-The runs: configs/quick.py; configs/default.py for 3 epochs; configs/tpu_v3_8.py under pmap on 8
-simulated devices, 1 epoch of 8,192 images. Each writes RUN.jsonl (metrics.jsonl without its timing
+The runs: configs/quick.py, alone and as 3 models side by side; configs/default.py for 3 epochs;
+configs/tpu_v3_8.py under pmap on 8 simulated devices, 1 epoch of 8,192 images. Each writes RUN.jsonl (metrics.jsonl without its timing
 fields) into --out; --compare prints each run's first differing record, and exits 1 if any differs.
 """
 
@@ -27,6 +27,7 @@ TIMINGS = ('epoch_seconds', 'train_images_per_second')
 EIGHT_DEVICES = {'XLA_FLAGS': '--xla_force_host_platform_device_count=8', 'JAX_PLATFORMS': 'cpu'}
 RUNS = {
     'quick': (['--config=configs/quick.py'], {}),
+    'quick-3-models': (['--config=configs/quick.py', '--config.num_models=3'], {}),
     'default-3-epochs': (['--config=configs/default.py', '--config.num_epochs=3'], {}),
     'tpu_v3_8-8-devices': (['--config=configs/tpu_v3_8.py', '--config.num_epochs=1',
                             '--config.data.train_split=train[:8192]'], EIGHT_DEVICES),
