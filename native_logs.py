@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Iterator
 
-from errors import UserError, library_unmapped
 
 
 @contextlib.contextmanager
@@ -33,14 +32,8 @@ def native_stderr_muted() -> Iterator[None]:
 
 
 def import_tensorflow_quietly() -> None:
-  """Imports TensorFlow (ImportError passed on, but for a library the system would not load: its
-  UserError) with its C++ start-up notes muted, and its later logs kept to warnings and errors: its
-  own notes are no line of ours."""
+  """Imports TensorFlow with its C++ start-up notes muted, and its later logs kept to warnings and
+  errors: its own notes are no line of ours. (An ImportError is passed on.)"""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  try:
-    with native_stderr_muted():
-      import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; an extra's
-  except ImportError as error:
-    if line := library_unmapped(error):  # Not the extra missing: TensorFlow's libraries are large.
-      raise UserError(line) from error
-    raise
+  with native_stderr_muted():
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; an extra's

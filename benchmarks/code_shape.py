@@ -50,7 +50,8 @@ def _docstring_lines(tree: ast.Module) -> set[int]:
 def line_kinds(source: str, tree: ast.Module) -> collections.Counter:
   """How many lines hold code, docstrings, comments alone."""
   docstrings = _docstring_lines(tree)
-  code, comments = set(), set()
+  code: set[int] = set()
+  comments: set[int] = set()
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     rows = range(token.start[0], token.end[0] + 1)
     if token.type == tokenize.COMMENT:

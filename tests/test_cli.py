@@ -23,7 +23,7 @@ from mlp.model import MLP
 from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly,
                             limit_address_space, make_config, override_flags, read_metrics,
                             run_train)
-from trainer import backend, config_rules
+from trainer import backend, config_fields, config_rules
 from trainer import evaluation, loop
 from trainer.config_file import ConfigFileFailed
 from trainer.run_dir import RunDirectory
@@ -226,7 +226,7 @@ def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
 
 
 def config_flag_names(config) -> list[str]:
-  return [line.split('=')[0] for line in config_rules.flag_lines(config)]
+  return [line.split('=')[0] for line in config_fields.flag_lines(config)]
 
 
 @pytest.mark.parametrize('case', BAD_CONFIGS)
@@ -241,14 +241,14 @@ def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
 
 # A config file may set any field to a value of another kind; one not built on the default's
 # get_config() (whose fields keep their type) to anything.
-DEFAULT_FIELDS = config_rules.fields(make_config())
+DEFAULT_FIELDS = config_fields.fields(make_config())
 OTHER_KINDS = [(name, value) for name, usual in DEFAULT_FIELDS.items()
                for value in (None, 'x', ['x'], {'x': 1}) if not isinstance(value, type(usual))]
 
 
 @pytest.mark.parametrize('name, value', OTHER_KINDS, ids=str)
 def test_a_value_of_another_kind_in_any_field_is_that_fields_one_line(name, value):
-  config = config_rules.config_from_flat({**DEFAULT_FIELDS, name: value})
+  config = config_fields.config_from_flat({**DEFAULT_FIELDS, name: value})
   with pytest.raises(UserError) as error:
     config_rules.validate(config)
   line = train.advice(error.value)
@@ -437,7 +437,7 @@ def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides
                   '--print_config')
   assert out.returncode == 0 and out.stderr == ''
   lines = out.stdout.splitlines()
-  assert len(lines) == len(config_rules.flat_config(make_config()))
+  assert len(lines) == len(config_fields.flat_config(make_config()))
   assert "--config.model.hidden_sizes='(64,)'" in lines and "--config.data.dir='a b'" in lines
   assert '--config.learning_rate=0.002' in lines and "--config.data.tfds_data_dir=''" in lines
 

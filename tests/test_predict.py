@@ -20,7 +20,7 @@ from data.mnist import load_split
 from errors import UserError
 from library_errors import THREAD_REFUSED
 from tests.conftest import ROOT, make_config, read_metrics, run_train, signalled_in
-from trainer import checkpoints, config_rules, evaluation, pictures
+from trainer import checkpoints, config_fields, evaluation, pictures
 from trainer.reporting import EVAL_FILE
 from trainer.run_dir import RunDirectory
 
@@ -38,7 +38,7 @@ def quick_run(tmp_path_factory, mnist_dir):
 
 def run_config(workdir):
   """The config saved with the run's checkpoints, and its eval split's images and labels."""
-  config = config_rules.config_from_flat(checkpoints.saved_config(RunDirectory(workdir)))
+  config = config_fields.config_from_flat(checkpoints.saved_config(RunDirectory(workdir)))
   return config, load_split(config.data, config.data.eval_split)
 
 

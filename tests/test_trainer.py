@@ -16,7 +16,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 from data.mnist import load_split
 from errors import UserError
-from trainer.run import compile_epochs, learning
+from trainer.programs import compile_programs, recipe_of
 from mlp import steps
 from trainer import loop, processes
 from trainer.reporting import TAGS, Reporter
@@ -58,7 +58,7 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   # 2,000 images at batch 128: 15 full steps, 1,920 images trained per epoch.
   assert record['train_images_per_second'] * record['epoch_seconds'] >= 1920 * 0.99
   # The rate of each epoch's last step: warmup ends at step 15, cosine decays to 0 at step 30.
-  schedule = learning(config, steps_per_epoch=15).schedule
+  schedule = recipe_of(config, steps_per_epoch=15).schedule
   assert [r['learning_rate'] for r in records] == [float(schedule(14)), float(schedule(29))]
   assert records[0]['learning_rate'] == pytest.approx(2e-3 * 14 / 15)
   scalars, images = tensorboard_view(tmp_path)  # Each figure of each epoch, as in metrics.jsonl:
@@ -116,7 +116,7 @@ def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_th
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run = compile_epochs(config, None, examples)
+  run = compile_programs(config, None, examples)
   on_mesh = run.fresh_state()
   state = jax.device_get(on_mesh)
   sums = jax.device_get(run.eval_program(on_mesh, run.eval_data))
@@ -146,7 +146,7 @@ def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, ope
   config = make_config(matmul_precision=precision, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  epochs = compile_epochs(config, train, evaluation)
+  epochs = compile_programs(config, train, evaluation)
   for program in (epochs.train_program, epochs.eval_program):
     found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
     assert found == ({operands} if operands else set())  # XLA's default leaves it unset.
@@ -157,7 +157,7 @@ def test_an_epoch_moves_nothing_between_host_and_devices_unasked(mnist_dir):
   copy of the data, the state or the epoch number) cannot come back unseen."""
   config = make_config(data__train_split='train[:256]', data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  epochs = compile_epochs(config, train, evaluation)
+  epochs = compile_programs(config, train, evaluation)
   state = epochs.fresh_state()
   with jax.transfer_guard('disallow'):
     with pytest.raises(jax.errors.JaxRuntimeError, match='Disallowed host-to-device transfer'):
@@ -176,7 +176,7 @@ def test_an_epoch_consumes_the_state_it_starts_from_in_every_mode(parallel, mnis
   config = make_config(parallel=parallel, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  epochs = compile_epochs(config, train, evaluation)
+  epochs = compile_programs(config, train, evaluation)
   start = epochs.fresh_state()
   state, _ = epochs.train_epoch(start, 1)
   assert all(leaf.is_deleted() for leaf in jax.tree.leaves(start))

@@ -12,13 +12,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from errors import UserError
-from trainer.cloud_storage import blob, user_errors
+from errors import During, UserError
+from trainer.cloud_storage import blob
+from trainer.host import Host
 from trainer.run_dir import RunDirectory
 
 LOCK_FILE = 'run.lock'
-STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.
-_HELD: set['RunLock'] = set()  # The locks this process holds, for release_held_locks().
 
 
 def _owner() -> str:
@@ -78,7 +77,7 @@ class _Flock:
     self._file: TextIO | None = None
     self._path = workdir.file(LOCK_FILE)
 
-  def take(self) -> UserError | None:
+  def take(self) -> Exception | None:
     try:
       # A lock's text only names its holder; bytes of no text there are shown, never raised.
       lock: TextIO = open(self._path, 'a+', encoding='utf-8',  # pylint: disable=consider-using-with
@@ -102,7 +101,7 @@ class _Flock:
     except OSError as error:  # A full disk: no run can start here, and none is named as running.
       with contextlib.suppress(OSError):  # Its flush fails again; the file still closes, unlocked.
         lock.close()
-      return self._workdir.refused_write(LOCK_FILE, error)
+      return self._workdir.during('writing', LOCK_FILE).mark(error)
     if left and left != _owner():
       self._warn(_taken_over(self._workdir, left))
     self._file = lock
@@ -158,8 +157,8 @@ class _ObjectLock:
     self._stop, self._lost = threading.Event(), threading.Event()
     self._beat = threading.Thread(target=self._keep_fresh, daemon=True)
 
-  def take(self) -> UserError | None:
-    with user_errors(self._workdir.name):
+  def take(self) -> Exception | None:
+    with During('locking', self._workdir.name):
       self._blob = blob(self._workdir.file(LOCK_FILE))
       if not self._write(expected=0):
         found = self._blob.bucket.get_blob(self._blob.name)
@@ -237,40 +236,40 @@ def _stale_after_of(holder: str) -> float:
 class RunLock:
   """Held while entered; a second holder gets a UserError naming the first one's host and pid.
 
-  In a multi-process run one process takes it (`enabled`), and `on_every_process(ok)`, a collective
-  that says whether every process got past it, stops them all when that one is refused.
+  In a multi-process run process 0 takes it, and every process learns whether it was refused: all
+  of them stop then. Released before the host ends the process at once (a Ctrl-C, a lost peer).
   """
 
-  def __init__(self, workdir: RunDirectory, enabled: bool = True,
-               on_every_process: Callable[[bool], bool] = lambda ok: ok,
-               stale_after: float = STALE_AFTER_S, warn: Callable[[str], None] = lambda _: None):
-    self._workdir, self._enabled, self._on_every_process = workdir, enabled, on_every_process
-    self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, stale_after, warn) if workdir.remote
-                                          else _Flock(workdir, warn))
+  def __init__(self, workdir: RunDirectory, host: Host | None = None):
+    self._workdir, self._host = workdir, host or Host()
+    warn = self._host.warn
+    self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, workdir.lock_stale_after, warn)
+                                          if workdir.remote else _Flock(workdir, warn))
     self._releasing = threading.Lock()
+    self._held = False
+    self._exits = contextlib.ExitStack()
 
   def __enter__(self) -> 'RunLock':
-    refusal = self._holder.take() if self._enabled else None
-    if self._enabled and refusal is None:
-      _HELD.add(self)
-    try:
-      if not self._on_every_process(refusal is None):
+    refusal = self._holder.take() if self._host.primary else None
+    self._held = self._host.primary and refusal is None
+    self._exits.enter_context(self._host.releasing(self.release))
+    with contextlib.ExitStack() as on_refusal:  # A refusal, or a peer lost in the vote.
+      on_refusal.callback(self.__exit__)
+      if not self._host.on_every_process(refusal is None):
         raise refusal or UserError(
             f'process 0 found the run directory {self._workdir} in use by another training run; '
             'wait for it to end or stop it, or pass another --workdir')
-    except BaseException:  # A refusal, or a peer lost in the vote: no with-block to release it.
-      self.release()
-      raise
+      on_refusal.pop_all()
     return self
 
   def lost(self) -> bool:
     """Whether another run took over the lock this process holds."""
-    return self._enabled and self._holder.lost()
+    return self._host.primary and self._holder.lost()
 
-  def check(self, lost: bool | None = None) -> None:
-    """Stops a run whose lock another run took over, before it writes again: `lost` as every
-    process agreed it (processes.agree_at_epoch_end), else as this process sees it."""
-    if not (self.lost() if lost is None else lost):
+  def check(self, lost: bool) -> None:
+    """Stops a run whose lock another run took over (`lost`, as every process agreed it), before
+    it writes again."""
+    if not lost:
       return
     if not self._workdir.remote:
       raise UserError(f'another training run took the run directory {self._workdir} after its '
@@ -281,8 +280,9 @@ class RunLock:
                     'this one could not refresh its lock (paused, or cut off from Cloud Storage) '
                     'or after it was removed by hand; this run stops without writing more')
 
-  def __exit__(self, *exc_info) -> None:
+  def __exit__(self, *exc_info: Any) -> None:
     self.release()
+    self._exits.close()
 
   def release(self) -> None:
     """Lets the lock go if held, once: the run's end and a thread ending the process may both ask.
@@ -292,15 +292,8 @@ class RunLock:
     if not self._releasing.acquire(timeout=5):
       return
     try:
-      if self in _HELD:
-        _HELD.discard(self)
+      if self._held:
+        self._held = False
         self._holder.release()
     finally:
       self._releasing.release()
-
-
-def release_held_locks() -> None:
-  """Releases the run locks this process holds, before it ends at once (os._exit) and so certainly
-  writes nothing more: a rerun need not wait for a lock left behind to go stale."""
-  for lock in list(_HELD):
-    lock.release()
