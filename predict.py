@@ -14,7 +14,7 @@ import numpy as np
 from absl import flags
 
 from command import parse_tool_flags
-from errors import UsageError, UserError, shown
+from errors import During, UsageError, UserError, shown
 from trainer.host import Host, say
 
 _WORKDIR = flags.DEFINE_string(
@@ -44,11 +44,8 @@ def image_files(paths: list[str]) -> list[str]:
   files = []
   for path in paths:
     if os.path.isdir(path):
-      try:
+      with During('listing the images', path):
         names = os.listdir(path)
-      except OSError as error:
-        raise UserError(f'cannot list the folder {path} ({error.strerror}); pass a folder that can '
-                        'be read, or the image files themselves') from error
       found = sorted(os.path.join(path, name) for name in names
                      if os.path.splitext(name)[1].lower() in extensions
                      and os.path.isfile(os.path.join(path, name)))

@@ -7,8 +7,8 @@ if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one lin
   HOST = host_lib.start('stopped by {signal} while starting; nothing was written')
 
 # pylint: disable=wrong-import-position
-from absl import flags
 from ml_collections import config_flags
+from absl import flags
 
 from command import parse_or_help
 from errors import UsageError, shown

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from data.idx import FILES, check_folder, data_folder, unreadable
-from errors import UserError
+from data.idx import FILES, check_folder, data_folder
+from errors import During, UserError
 from native_logs import import_tensorflow_quietly
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
@@ -31,11 +31,9 @@ def _quiet_absl() -> Iterator[None]:
 
 def _check_folder(folder: pathlib.Path) -> None:
   """All four files must be there: TFDS would otherwise try to download the missing ones."""
-  try:
+  with During('loading data', str(folder)):  # No permission to read, or a disk fault.
     check_folder(folder, FILES_HELP)
     missing = [name for name in CANONICAL_FILES if not (folder / name).is_file()]
-  except OSError as error:
-    raise unreadable(error, folder) from error
   if missing:
     raise UserError(f'data folder {folder} lacks {", ".join(missing)}; {FILES_HELP}')
 

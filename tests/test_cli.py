@@ -440,6 +440,16 @@ def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides
   assert '--config.learning_rate=0.002' in lines and "--config.data.tfds_data_dir=''" in lines
 
 
+def test_a_config_file_loads_where_deprecations_are_errors():
+  """Not through importlib's deprecated load_module() (ml_collections' loader): a user running
+  with `-W error::DeprecationWarning` met it as the config file's own error."""
+  out = subprocess.run([sys.executable, '-W', 'error::DeprecationWarning', 'train.py',
+                        '--config=configs/quick.py:validation', '--print_config'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0 and out.stderr == '', out.stderr
+  assert "--config.data.eval_split='train[50000:]'" in out.stdout.splitlines()
+
+
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):
   corrupt = corrupt_copy(mnist_dir, tmp_path / 'corrupt')
   with pytest.raises(UserError, match='t10k-labels-idx1-ubyte.gz is not a whole gzip file'):

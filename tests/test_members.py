@@ -12,8 +12,8 @@ import pytest
 
 from data.mnist import load_split
 from errors import UserError
-from tests.conftest import (EVAL_COUNT, ROOT, assert_same_numbers, make_config, member_records,
-                            read_metrics, run_train, without_timings)
+from tests.conftest import (EVAL_COUNT, ROOT, Recorder, assert_same_numbers, make_config,
+                            member_records, read_metrics, run_train, without_timings)
 from trainer import evaluation, loop
 from trainer.checkpoints import Checkpoints
 from trainer.programs import keys_of, make_mesh, recipe_of, state_template
@@ -119,7 +119,7 @@ def test_a_damaged_newest_checkpoint_of_members_falls_back_and_resumes_exactly(m
 def test_a_resume_with_another_number_of_models_is_refused_in_one_line(members_run):
   workdir = members_run[0]
   other = make_config(**SETTINGS, num_models=2)
-  with Checkpoints(RunDirectory(workdir), other, keys_of(other)[1], warn=pytest.fail,
+  with Checkpoints(RunDirectory(workdir), other, keys_of(other)[1], Recorder(pytest.fail),
                    read_only=True) as saved:
     with pytest.raises(UserError) as error:
       saved.restore(state_template(recipe_of(other, 1), make_mesh("jit"), other.num_models))

@@ -176,10 +176,9 @@ def missing_module(error: BaseException, _: During | None = None) -> str:
 
 
 def _installed(module: str) -> bool:
-  try:
+  with contextlib.suppress(ImportError, ValueError):
     return importlib.util.find_spec(module) is not None
-  except (ImportError, ValueError):
-    return False
+  return False
 
 
 def out_of_memory(memory_error: BaseException, marked: During | None) -> str:
@@ -302,19 +301,32 @@ def _run_dir_gone(run_dir: str) -> bool:
   return bool(run_dir) and not run_dir.startswith(REMOTE_PREFIX) and not os.path.isdir(run_dir)
 
 
+# What the OS's refusal means, by what the program was doing, given the path it did it on and the
+# OS's reason ('writing' a file: write_failed, whose fix depends on the reason).
+REFUSALS = {
+    'reading': ('cannot read {path} ({reason}); move it out of the run directory or restore it, '
+                'then rerun the same command'),
+    'writing the output': ('cannot write the output ({reason}); free space where it is '
+                           'redirected, then rerun the same command'),
+    'creating the run directory': ('cannot create the run directory {path} ({reason}); pass a '
+                                   '--workdir that can be written to'),
+    # The file the OS names: one of the data folder's, or the folder itself.
+    'loading data': ('{path} cannot be read ({reason}); give this user read access to it and its '
+                     'folder, or set --config.data.dir to a folder that holds a readable copy'),
+    'listing the images': ('cannot list the folder {path} ({reason}); pass a folder that can be '
+                           'read, or the image files themselves')}
+
+
 def refused(error: BaseException, marked: During | None) -> str:
   """A file the OS would not write or read where the mark says: a run directory that is gone is
   named as such."""
-  path, run_dir = (marked.path, marked.run_dir) if marked else ('', '')
-  if _run_dir_gone(run_dir):
-    return _removed(run_dir)
-  if marked and marked.doing == 'reading':
-    return (f'cannot read {path} ({os_reason(error) or error}); move it out of the run directory '
-            'or restore it, then rerun the same command')
-  if marked and marked.doing == 'writing the output':
-    return (f'cannot write the output ({os_reason(error)}); free space where it is redirected, '
-            'then rerun the same command')
-  return write_failed(path, error)
+  assert marked is not None, 'refusals are marked'
+  if _run_dir_gone(marked.run_dir):
+    return _removed(marked.run_dir)
+  if marked.doing not in REFUSALS:
+    return write_failed(marked.path, error)
+  named = getattr(error, 'filename', None) if marked.doing == 'loading data' else None
+  return REFUSALS[marked.doing].format(path=named or marked.path, reason=os_reason(error))
 
 
 def save_failed(error: BaseException, _: During | None) -> str:
@@ -342,11 +354,24 @@ def checkpoint_unreadable(error: BaseException, _: During | None) -> str:
           f'{fix}')
 
 
+def _joining(error: BaseException) -> BaseException | None:
+  """JAX's refusal of a launch's arguments, met joining the run's other processes."""
+  marked = during(error)
+  return error if marked and marked.doing == 'joining' and isinstance(
+      error, (ValueError, TypeError, RuntimeError)) else None
+
+
+def could_not_join(error: BaseException, _: During | None) -> str:
+  return (f'could not join the multi-process run ({error}); on each process pass '
+          "--coordinator_address=HOST:PORT (process 0's), --num_processes=N and --process_id=I "
+          'with I from 0 to N-1, or on a TPU pod slice only --distributed')
+
+
 def _marked_os_error(error: BaseException) -> BaseException | None:
   """An OSError met where the program marked what file it read or wrote."""
   marked = during(error)
-  return error if isinstance(error, OSError) and marked is not None and marked.doing in (
-      'reading', 'writing', 'writing the output') else None
+  return error if isinstance(error, OSError) and marked is not None and (
+      marked.doing in REFUSALS or marked.doing == 'writing') else None
 
 
 def _fixed_line(error: BaseException) -> BaseException | None:
@@ -371,5 +396,6 @@ ROWS: list[tuple[Callable[[BaseException], BaseException | None],
     (_of(SaveFailed), save_failed),
     (_of(CheckpointUnreadable), checkpoint_unreadable),
     (_missing_module, missing_module),
+    (_joining, could_not_join),
     (_marked_os_error, refused),
 ]

@@ -76,19 +76,13 @@ def join(launch: Launch, host: Host, run_dir: RunDirectory) -> Peers:
       '0\'s HOST:PORT, reachable from the others) and each its own --process_id', 1))
   watchdog.daemon = True
   watchdog.start()
-  with During('joining'):
-    try:
-      jax.distributed.initialize(**launch.given(), initialization_timeout=timeout + _JAX_GRACE_S,
-                                 heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
-    except (ValueError, TypeError, RuntimeError) as error:
-      raise UserError(
-          f'could not join the multi-process run ({error}); on each process pass '
-          '--coordinator_address=HOST:PORT (process 0\'s), --num_processes=N and --process_id=I '
-          'with I from 0 to N-1, or on a TPU pod slice only --distributed') from error
-    finally:
-      watchdog.cancel()
+  with During('joining'), contextlib.ExitStack() as joined:
+    joined.callback(watchdog.cancel)
+    jax.distributed.initialize(**launch.given(), initialization_timeout=timeout + _JAX_GRACE_S,
+                               heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   backend.start()
-  peers = Peers(host, run_dir)
+  _mute_native_stdout()
+  peers = Peers(host, run_dir, jax.process_index(), _start_relay(run_dir))
   peers.watch(address)
   return peers
 
@@ -140,13 +134,11 @@ class Peers:
   """The run's processes, seen from this one: their collectives, and this process's end when one
   of them is lost. Every process must make the same calls."""
 
-  def __init__(self, host: Host, run_dir: RunDirectory):
-    import jax  # pylint: disable=g-import-not-at-top
-    self.index = jax.process_index()
-    self._host, self._run_dir = host, run_dir
+  def __init__(self, host: Host, run_dir: RunDirectory, index: int,
+               relay: subprocess.Popen | None = None):
+    self.index = index  # This process's: jax.process_index().
+    self._host, self._run_dir, self._relay = host, run_dir, relay
     self._ending = threading.Lock()  # Held by the first thread to end the process for a lost peer.
-    _mute_native_stdout()
-    self._relay = _start_relay(run_dir)
 
   def true_everywhere(self, ok: bool) -> bool:
     """Whether `ok` holds on every process."""
@@ -400,10 +392,9 @@ class _Lifelines:
     connection.close()  # Not a process of this run.
 
   def _read(self, connection: socket.socket) -> None:
-    try:
+    data = b''  # Also where the peer's kernel reset the connection.
+    with contextlib.suppress(OSError):
       data = connection.recv(64)
-    except OSError:  # Reset by the peer's kernel.
-      data = b''
     if BYE in data or self._ended.is_set():
       self._selector.unregister(connection)
     elif not data:

@@ -19,10 +19,14 @@ def named_alike_in_utf8(path: str) -> bool:
   """Whether the OS gets the same bytes for `path` from Python (the locale's encoding) as from
   tensorstore (always UTF-8), which writes the checkpoints' arrays: under a Latin-1 locale a
   non-ASCII name is two folders, under an ASCII one tensorstore cannot name it at all."""
-  try:
-    return path.encode('utf-8') == os.fsencode(path)
-  except UnicodeEncodeError:  # Bytes the locale could not decode, kept as surrogates.
-    return False
+  with contextlib.suppress(UnicodeEncodeError):  # Bytes the locale could not decode, kept as
+    return path.encode('utf-8') == os.fsencode(path)  # surrogates.
+  return False
+
+
+def _remove_if_there(path: str) -> None:
+  with contextlib.suppress(OSError):
+    os.remove(path)
 
 
 class RunDirectory:
@@ -63,11 +67,8 @@ class RunDirectory:
     self.check_usable()
     if self.remote:
       return
-    try:
+    with During('creating the run directory', self.name):
       os.makedirs(self.name, exist_ok=True)
-    except OSError as error:
-      raise UserError(f'cannot create the run directory {self.name} ({error.strerror}); pass a '
-                      '--workdir that can be written to') from error
     if not os.access(self.name, os.W_OK | os.X_OK):
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
                       'be written to (a copy of this one, to go on from its checkpoints or '
@@ -114,14 +115,12 @@ class RunDirectory:
         self.path(name).write_bytes(raw)
         return
       partial = self.file(f'{name}.tmp')
-      try:
+      with contextlib.ExitStack() as on_failure:
+        on_failure.callback(_remove_if_there, partial)  # Never hides the write's own error.
         with open(partial, 'wb') as f:
           f.write(raw)
         os.replace(partial, self.file(name))
-      except BaseException:
-        with contextlib.suppress(OSError):  # Never hides the write's own error.
-          os.remove(partial)
-        raise
+        on_failure.pop_all()
 
   def append(self, name: str, data: bytes) -> None:
     """Adds to a local file in place, for a reader that follows it as it grows (TensorBoard); an
@@ -135,7 +134,7 @@ class RunDirectory:
     peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
     without its commit marker."""
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; only when listing
-    with self.during('listing'):
+    with During('listing', self.file(''), '' if self.remote else self.name):
       if not self.exists():  # Not there, or a file: no checkpoint to list (orbax would raise).
         return []
       return sorted(ocp.path.step.checkpoint_steps(self.path()))

@@ -28,12 +28,11 @@ def this_machine() -> str | None:
   """This kernel's boot and PID namespace, where a pid names one process; None off Linux.
 
   A host name alone is not enough: two VMs, or two containers, may share one."""
-  try:
-    with open('/proc/sys/kernel/random/boot_id', encoding='ascii') as boot:
-      namespace = re.sub(r'\D', '', os.readlink('/proc/self/ns/pid'))
-      return f'{boot.read().strip()}-{namespace}'
-  except OSError:
-    return None
+  with contextlib.suppress(OSError), open('/proc/sys/kernel/random/boot_id',
+                                          encoding='ascii') as boot:
+    namespace = re.sub(r'\D', '', os.readlink('/proc/self/ns/pid'))
+    return f'{boot.read().strip()}-{namespace}'
+  return None
 
 
 def _gone(holder: str) -> bool:
@@ -41,13 +40,7 @@ def _gone(holder: str) -> bool:
   machine, pid = re.search(r'; machine ([^;\s]+)', holder), re.search(r'\bpid (\d+)', holder)
   if not (machine and pid and machine.group(1) == this_machine()):
     return False
-  try:
-    os.kill(int(pid.group(1)), 0)  # Signal 0: asks only whether the process exists.
-  except ProcessLookupError:
-    return True
-  except OSError:  # PermissionError: another user's process, alive.
-    pass
-  return False
+  return not os.path.exists(f'/proc/{pid.group(1)}')  # This PID namespace's, as this_machine().
 
 
 def _taken_over(workdir: 'RunDirectory', holder: str) -> str:
@@ -128,12 +121,12 @@ class _Flock:
     return isinstance(refusal, Busy)
 
   def _names_a_run(self) -> bool:
-    """Whether the lock file names another run: one that took it, and may have saved since."""
-    try:
-      with open(self._path, encoding='utf-8', errors='backslashreplace') as lock:
-        return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
-    except OSError:  # Gone, or not a file to read: take() says what it is.
-      return False
+    """Whether the lock file names another run: one that took it, and may have saved since. (Gone,
+    or not a file to read: take() says what it is.)"""
+    with contextlib.suppress(OSError), open(self._path, encoding='utf-8',
+                                            errors='backslashreplace') as lock:
+      return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
+    return False
 
   def _in_place(self, held: TextIO) -> bool:
     try:
@@ -208,7 +201,7 @@ class _ObjectLock:
           continue
         self._lost.set()  # Another run took it over: this run must not write on.
         return
-      except Exception:  # pylint: disable=broad-except; a network blip: the next beat retries.
+      except _blips():  # A network blip: the next beat retries.
         continue
 
   def release(self) -> None:
@@ -219,12 +212,19 @@ class _ObjectLock:
     if self._generation is not None and not self._lost.is_set():
       try:
         self._write(expected=self._generation, text='')
-      except Exception as error:  # pylint: disable=broad-except; never hides the run's own end
+      except _blips() as error:  # Never hides the run's own end.
         self._warn(f'could not release the run lock of {self._workdir} ({type(error).__name__}); '
                    f'the next run takes it over once it is silent for {self._stale_after:.0f} s')
 
   def lost(self) -> bool:
     return self._lost.is_set()
+
+
+def _blips() -> tuple[type[BaseException], ...]:
+  """What a request to Cloud Storage raises when the network or the service fails for a while."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  return (exceptions.GoogleAPIError, auth.GoogleAuthError, OSError)  # requests' errors: OSErrors.
 
 
 def _stale_after_of(holder: str) -> float:
@@ -266,10 +266,10 @@ class RunLock:
     """Whether another run took over the lock this process holds."""
     return self._host.primary and self._holder.lost()
 
-  def check(self, lost: bool) -> None:
-    """Stops a run whose lock another run took over (`lost`, as every process agreed it), before
-    it writes again."""
-    if not lost:
+  def check(self, lost: bool | None = None) -> None:
+    """Stops a run whose lock another run took over, before it writes again: `lost` as every
+    process agreed it (Host.agree_at_epoch_end), else as this process sees it."""
+    if not (self.lost() if lost is None else lost):
       return
     if not self._workdir.remote:
       raise UserError(f'another training run took the run directory {self._workdir} after its '
