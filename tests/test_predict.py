@@ -37,7 +37,7 @@ def quick_run(tmp_path_factory, mnist_dir):
 
 def run_config(workdir):
   """The config saved with the run's checkpoints, and its eval split's images and labels."""
-  config = config_fields.config_from_flat(checkpoints.saved_config(RunDirectory(workdir)))
+  config = config_fields.config_from_flat(checkpoints.saved_config(RunDirectory(workdir))[1])
   return config, load_split(config.data, config.data.eval_split)
 
 

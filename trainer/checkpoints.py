@@ -390,11 +390,11 @@ class Checkpoints:
       raise SaveFailed(self.directory, self._on_disk(), stopped) from error
 
   def _on_disk(self) -> list[int]:
-    """The complete checkpoints in the folder, else those orbax knows of (less a failed save's)."""
-    try:
+    """The complete checkpoints in the folder, else (it cannot be listed now) those orbax knows of,
+    less a failed save's."""
+    with contextlib.suppress(OSError):
       return self._run_dir.checkpoint_epochs()
-    except OSError:  # The folder cannot be listed now: orbax's own record.
-      return self.kept_epochs()
+    return self.kept_epochs()
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.

@@ -4,6 +4,7 @@ exec_module, not the deprecated load_module: a file that cannot be read, its cod
 fields and the overrides' typos are one line each, in paths that work from the user's folder."""
 
 import ast
+import contextlib
 import importlib.machinery
 import importlib.util
 import os
@@ -155,7 +156,6 @@ def override_problem(config: ml_collections.ConfigDict,
 
 def _literal(text: str | None) -> Any:
   """The Python literal an override's text writes, or None where it writes none."""
-  try:
+  with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
     return ast.literal_eval(text) if text is not None else None
-  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-    return None
+  return None

@@ -5,7 +5,6 @@ starts here, before its libraries load."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import shlex
@@ -14,10 +13,11 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from errors import During, UserError
+from trainer import faults
 
 if TYPE_CHECKING:
   from trainer.processes import Peers
@@ -95,6 +95,20 @@ def print_error(line: str) -> None:
   print(f'error: {" ".join(line.split())}', file=sys.stderr, flush=True)
 
 
+class _Handled:
+  """A handler of the stop signals while entered; the handlers before it, back on exit."""
+
+  def __init__(self, handler: Callable[[int, types.FrameType | None], None]):
+    self._handler = handler
+
+  def __enter__(self) -> None:
+    self._previous = {number: signal.signal(number, self._handler) for number in STOP_SIGNALS}
+
+  def __exit__(self, *exc_info: Any) -> None:
+    for number, handler in self._previous.items():
+      signal.signal(number, handler)
+
+
 class Host:
   """This process: process 0 of its run or another, its signals, its exits and its one boundary."""
 
@@ -161,8 +175,7 @@ class Host:
     self.fail_now('interrupted before the next checkpoint; the same command resumes from the '
                   f'newest one, or starts afresh where none was saved: {this_command()}', 130)
 
-  @contextlib.contextmanager
-  def finishing_epochs(self) -> Iterator[None]:
+  def finishing_epochs(self) -> _Handled:
     """While entered, the first SIGTERM or Ctrl-C is recorded (the run saves at its epoch's end and
     stops); a second Ctrl-C ends the run at once."""
     def record(number: int, _: types.FrameType | None) -> None:
@@ -170,12 +183,7 @@ class Host:
         self._signal = signal.Signals(number).name
       elif number == signal.SIGINT:
         self.interrupted()
-    previous = {number: signal.signal(number, record) for number in STOP_SIGNALS}
-    try:
-      yield
-    finally:
-      for number, handler in previous.items():
-        signal.signal(number, handler)
+    return _Handled(record)
 
   def stop_requested(self) -> str | None:
     """The name of the signal that asked this process to stop, or None."""
@@ -215,15 +223,13 @@ class Host:
 
   # --- Exits --------------------------------------------------------------------------------------
 
-  @contextlib.contextmanager
-  def releasing(self, release: Callable[[], None]) -> Iterator[None]:
-    """While entered, an abrupt exit (os._exit) calls `release` first: a run lock left behind
-    would make the rerun wait for it to go stale."""
+  def hold(self, release: Callable[[], None]) -> None:
+    """Until let go, an abrupt exit (os._exit) calls `release` first: a run lock left behind would
+    make the rerun wait for it to go stale."""
     self._releases.append(release)
-    try:
-      yield
-    finally:
-      self._releases.remove(release)
+
+  def let_go(self, release: Callable[[], None]) -> None:
+    self._releases.remove(release)
 
   def release_all(self) -> None:
     for release in list(self._releases):
@@ -284,7 +290,6 @@ class Host:
     on in its line, anything else in its traceback."""
     if self.peers and self.peers.lost_a_peer(error):
       self.peers.stop_for_lost_peer()
-    from trainer import faults  # pylint: disable=g-import-not-at-top; only once a fault is met
     said = faults.line(error)
     if said is None:
       raise error
@@ -300,7 +305,6 @@ def start(stopped_line: str) -> Host:
   default_hook = sys.excepthook
 
   def one_line_for_the_set_up_or_the_machine(kind, error, trace) -> None:
-    from trainer import faults  # pylint: disable=g-import-not-at-top
     said = faults.line(error) if isinstance(error, Exception) else None
     if said is None:
       default_hook(kind, error, trace)

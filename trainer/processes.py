@@ -342,13 +342,12 @@ def _broadcast(data: bytes) -> bytes:
 
 def _connect(host: str, port: int, token: bytes) -> socket.socket | None:
   """A lifeline to process 0; None if it cannot be reached (JAX's own means remain)."""
-  try:
+  with contextlib.suppress(OSError):
     connection = socket.create_connection((host, port), timeout=_CONNECT_TIMEOUT_S)
     connection.sendall(token)
-  except OSError:
-    return None
-  connection.settimeout(None)
-  return connection
+    connection.settimeout(None)
+    return connection
+  return None
 
 
 class _Lifelines:

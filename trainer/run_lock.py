@@ -247,12 +247,11 @@ class RunLock:
                                           if workdir.remote else _Flock(workdir, warn))
     self._releasing = threading.Lock()
     self._held = False
-    self._exits = contextlib.ExitStack()
 
   def __enter__(self) -> 'RunLock':
     refusal = self._holder.take() if self._host.primary else None
     self._held = self._host.primary and refusal is None
-    self._exits.enter_context(self._host.releasing(self.release))
+    self._host.hold(self.release)
     with contextlib.ExitStack() as on_refusal:  # A refusal, or a peer lost in the vote.
       on_refusal.callback(self.__exit__)
       if not self._host.on_every_process(refusal is None):
@@ -282,7 +281,7 @@ class RunLock:
 
   def __exit__(self, *exc_info: Any) -> None:
     self.release()
-    self._exits.close()
+    self._host.let_go(self.release)
 
   def release(self) -> None:
     """Lets the lock go if held, once: the run's end and a thread ending the process may both ask.
