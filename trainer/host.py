@@ -278,6 +278,7 @@ class Host:
     try:
       app.run(main, flags_parser=parse_flags)
     except Stopped as stopped:
+      self.end_quietly()  # The line is the command's last: a second Ctrl-C only ends it.
       print(f'{stopped}; resume with: {this_command()}', file=sys.stderr, flush=True)
       sys.exit(stopped.exit_status)
     except Unwound as stopped:
