@@ -1,19 +1,19 @@
 """Exports a trained run's classifier for serving: `python export.py --workdir=RUN --out=DIR`."""
 
 import os
-import signal
 import sys
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from command import start_command
-  start_command('stopped by {signal}; nothing was exported')
+  from trainer import host as host_lib
+  HOST = host_lib.start('stopped by {signal}; nothing was exported')
 
-from absl import app
+# pylint: disable=wrong-import-position
 from absl import flags
 
-from command import STOP_SIGNALS, end_quietly_on_signals, fail, parse_tool_flags
-from errors import UserError, say, shown
+from command import parse_tool_flags
+from errors import UsageError, shown
 from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
+from trainer.host import Host, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -38,21 +38,8 @@ def parse_flags(argv: list[str]) -> list[str]:
                        (not _FORMATS.value, f'--formats is empty; pass {FORMAT_CHOICE}'),
                        (unknown, f'no format named {unknown}; pass {FORMAT_CHOICE}')):
     if mistake:
-      fail(f'{why}: {USAGE}', 2)
+      raise UsageError(f'{why}: {USAGE}')
   return rest
-
-
-class Stopped(KeyboardInterrupt):
-  """A Ctrl-C or a SIGTERM while the export is written: it unwinds as a Ctrl-C does, so that the
-  staged copy is removed (start_command's exit at once would leave it beside --out)."""
-
-  def __init__(self, number: int):
-    super().__init__(STOP_SIGNALS[signal.Signals(number)])
-    self.status = 128 + number  # The shell's status for the signal.
-
-
-def _unwind(number: int, _: object) -> None:
-  raise Stopped(number)
 
 
 def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str, ensemble: str) -> None:
@@ -66,42 +53,37 @@ def report(out: OutFolder, sizes: dict[str, int], epoch: int, workdir: str, ense
         '[N, 28, 28] in, class probabilities [N, 10] out', file=sys.stderr)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str], host: Host) -> None:
+  """Checks --out, restores the run's newest good checkpoint, writes each format, says them."""
   del argv  # parse_flags has checked there is nothing else, and that both folders are given.
   given = str(_WORKDIR.value)
-  try:
-    out = OutFolder(str(_OUT.value), _OVERWRITE.value)
-    out.check(given)  # Before JAX loads: a mistake about the folder is reported at once.
-    formats = list(dict.fromkeys(_FORMATS.value))
-    os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
-    from serving import artifacts  # pylint: disable=g-import-not-at-top; after flags, for --help
-    if SAVED_MODEL in formats:
-      artifacts.require_tensorflow()  # Before the checkpoint is read.
-    from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
-    workdir = run_dir.RunDirectory(given)
-    config, restored = evaluation.restore_run(workdir)
-    # From here a signal unwinds, so that the staged copy is removed and an export there stays.
-    for number in STOP_SIGNALS:
-      signal.signal(number, _unwind)
-    with out.staged() as staging:
-      sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
-                              {'run': str(workdir), 'epoch': restored.epoch,
-                               'models': config.num_models, 'config': restored.config})
-      # A signal waits while the files move into --out (a stop there would leave an old export
-      # part gone, the new one part there); then the export, whole, is said, and the signal ends it.
-      waiting: list[int] = []
-      for number in STOP_SIGNALS:
-        signal.signal(number, lambda signum, _: waiting.append(signum))
-    end_quietly_on_signals()
-    report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
-    if waiting:
-      os._exit(128 + waiting[0])
-  except UserError as error:
-    fail(str(error), 1)
-  except Stopped as stop:
-    fail(f'stopped by {stop} while writing the export; rerun the same command to export the run',
-         stop.status)
+  out = OutFolder(str(_OUT.value), _OVERWRITE.value)
+  out.check(given)  # Before JAX loads: a mistake about the folder is reported at once.
+  formats = list(dict.fromkeys(_FORMATS.value))
+  os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
+  # pylint: disable=g-import-not-at-top; after the flags, for --help
+  from serving import artifacts
+  if SAVED_MODEL in formats:
+    artifacts.require_tensorflow()  # Before the checkpoint is read.
+  from trainer import backend, evaluation
+  from trainer.run_dir import RunDirectory
+  workdir = RunDirectory(given)
+  backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
+  config, restored = evaluation.restore_run(workdir, host)
+  # From here a signal unwinds, so that the staged copy is removed and an export there stays.
+  host.unwind_on_signals('stopped by {signal} while writing the export; rerun the same command to '
+                         'export the run')
+  with out.staged() as staging:
+    sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
+                            {'run': str(workdir), 'epoch': restored.epoch,
+                             'models': config.num_models, 'config': restored.config})
+    # A signal waits while the files move into --out (a stop there would leave an old export part
+    # gone, the new one part there); then the export, whole, is said, and the signal ends it.
+    waiting = host.hold_signals()
+  host.end_quietly()
+  report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
+  host.end_if_signalled(waiting)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  HOST.run(lambda argv: main(argv, HOST), parse_flags)

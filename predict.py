@@ -6,15 +6,16 @@ import sys
 import warnings
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from command import start_command
-  start_command('stopped by {signal}; rerun the same command to classify the images')
+  from trainer import host as host_lib
+  HOST = host_lib.start('stopped by {signal}; rerun the same command to classify the images')
 
+# pylint: disable=wrong-import-position
 import numpy as np
-from absl import app
 from absl import flags
 
-from command import end_quietly_on_signals, fail, parse_tool_flags
-from errors import UserError, say, shown
+from command import parse_tool_flags
+from errors import During, UsageError, UserError, shown
+from trainer.host import Host, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -24,15 +25,15 @@ USAGE = f'python {shown(__file__)} --workdir=RUN IMAGE_OR_FOLDER...'  # A path f
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, with every mistake reported as one line instead of a traceback."""
+  """absl flag parsing, with every mistake raised as the UsageError of its one line."""
   rest = parse_tool_flags(argv, USAGE)
   if not _WORKDIR.value:
-    fail(f'no run given; pass the run directory of a trained run: {USAGE}', 2)
+    raise UsageError(f'no run given; pass the run directory of a trained run: {USAGE}')
   if len(rest) < 2:
-    fail(f'no images given; pass image files or folders of them: {USAGE}', 2)
+    raise UsageError(f'no images given; pass image files or folders of them: {USAGE}')
   if sys.stdout is None:  # Started with it closed (`>&-`): print() would drop every line.
-    fail('standard output is closed (>&-), so the classifications would go nowhere; send it to '
-         'a file or a pipe (> digits.txt), then rerun the same command', 1)
+    raise UserError('standard output is closed (>&-), so the classifications would go nowhere; '
+                    'send it to a file or a pipe (> digits.txt), then rerun the same command')
   return rest
 
 
@@ -43,11 +44,8 @@ def image_files(paths: list[str]) -> list[str]:
   files = []
   for path in paths:
     if os.path.isdir(path):
-      try:
+      with During('listing the images', path):
         names = os.listdir(path)
-      except OSError as error:
-        raise UserError(f'cannot list the folder {path} ({error.strerror}); pass a folder that can '
-                        'be read, or the image files themselves') from error
       found = sorted(os.path.join(path, name) for name in names
                      if os.path.splitext(name)[1].lower() in extensions
                      and os.path.isfile(os.path.join(path, name)))
@@ -126,21 +124,22 @@ def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
           sys.stdout)
 
 
-def main(argv: list[str]) -> None:
-  try:
-    files, digits, unread = read_digits(image_files(argv[1:]))
-    if not files:  # Nothing to classify: said at once, before JAX loads.
-      for line in unread[:-1]:
-        say(f'error: {line}', sys.stderr)
-      raise UserError(unread[-1])
-    os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
-    from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
-    workdir = run_dir.RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
-    config, restored = evaluation.restore_run(workdir)
-    report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
-    end_quietly_on_signals()  # Every image is classified and said: a signal now only ends it.
-  except UserError as error:
-    fail(str(error), 1)
+def main(argv: list[str], host: Host) -> None:
+  """Reads the images, restores the run's newest good checkpoint, says each image's digit."""
+  files, digits, unread = read_digits(image_files(argv[1:]))
+  if not files:  # Nothing to classify: said at once, before JAX loads.
+    for line in unread[:-1]:
+      say(f'error: {line}', sys.stderr)
+    raise UserError(unread[-1])
+  os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
+  # pylint: disable=g-import-not-at-top; after the flags and the images, which need none of it
+  from trainer import backend, evaluation
+  from trainer.run_dir import RunDirectory
+  workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
+  backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
+  config, restored = evaluation.restore_run(workdir, host)
+  report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
+  host.end_quietly()  # Every image is classified and said: a signal now only ends it.
   for line in unread:
     say(f'error: {line}', sys.stderr)
   left_out = f'; left out {len(unread)} that could not be read, each said above' if unread else ''
@@ -151,4 +150,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  HOST.run(lambda argv: main(argv, HOST), parse_flags)

@@ -22,20 +22,18 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 import jax
 
 from benchmarks import workload
 from configs import default
 from data.mnist import load_split
-from command import fail
 from errors import UserError
 from mlp import steps
 from trainer import checkpoints as checkpoint
 from trainer import config_rules
-from trainer import reporting
 from trainer.run_dir import RunDirectory
+from trainer.host import Host
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 LAUNCHES = flags.DEFINE_integer('launches', 5, 'train.py runs per cadence (the median is shown).',
@@ -75,15 +73,12 @@ def check_min_seconds() -> None:
 
 def main(argv: list[str]) -> None:
   del argv
-  try:
-    check_min_seconds()
-    data_dir = workload.check_data_dir(without=None)
-    if PART.value != 'cadence':
-      measure(data_dir)
-    if PART.value != 'costs':
-      print_cadences(data_dir)
-  except UserError as error:
-    fail(str(error), 1)
+  check_min_seconds()
+  data_dir = workload.check_data_dir(without=None)
+  if PART.value != 'cadence':
+    measure(data_dir)
+  if PART.value != 'costs':
+    print_cadences(data_dir)
 
 
 class _Training:
@@ -159,7 +154,7 @@ def measure(data_dir: str) -> None:
   template = training.trainer.template
   with tempfile.TemporaryDirectory() as workdir:
     with checkpoint.Checkpoints(RunDirectory(workdir), config, training.trainer.run_key,
-                                warn=reporting.warn) as checkpoints:
+                                Host()) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)
       plain, saving = time_epochs(checkpoints, training)
       restores, fingerprints, epoch = time_restores(checkpoints, template,
@@ -233,4 +228,4 @@ def print_cadences(data_dir: str) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

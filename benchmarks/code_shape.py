@@ -15,9 +15,15 @@ import io
 import json
 import pathlib
 import subprocess
-import sys
 import tokenize
 from typing import Any
+
+from absl import flags
+
+from benchmarks.workload import parse_flags
+from trainer.host import Host
+
+_JSON = flags.DEFINE_bool('json', False, 'The counts as one JSON object.')
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SKIPPED = ('tests/', 'benchmarks/')
@@ -50,7 +56,8 @@ def _docstring_lines(tree: ast.Module) -> set[int]:
 def line_kinds(source: str, tree: ast.Module) -> collections.Counter:
   """How many lines hold code, docstrings, comments alone."""
   docstrings = _docstring_lines(tree)
-  code, comments = set(), set()
+  code: set[int] = set()
+  comments: set[int] = set()
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     rows = range(token.start[0], token.end[0] + 1)
     if token.type == tokenize.COMMENT:
@@ -128,9 +135,10 @@ def shape(root: pathlib.Path = ROOT) -> dict[str, Any]:
   return total
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+  del argv  # parse_flags refused any.
   counted = shape()
-  if '--json' in sys.argv[1:]:
+  if _JSON.value:
     print(json.dumps(counted, indent=1))
     return
   for key in ('lines', 'trainer_lines'):
@@ -147,4 +155,4 @@ def main() -> None:
 
 
 if __name__ == '__main__':
-  main()
+  Host().run(main, parse_flags)

@@ -4,8 +4,9 @@
   python -m benchmarks.contract_numbers --out=/tmp/after --compare=/tmp/before
 
 The runs: configs/quick.py, alone and as 3 models side by side; configs/default.py for 3 epochs;
-configs/tpu_v3_8.py under pmap on 8 simulated devices, 1 epoch of 8,192 images. Each writes RUN.jsonl (metrics.jsonl without its timing
-fields) into --out; --compare prints each run's first differing record, and exits 1 if any differs.
+configs/tpu_v3_8.py under pmap on 8 simulated devices, 1 epoch of 8,192 images. Each writes
+RUN.jsonl (metrics.jsonl without its timing fields) into --out; --compare prints each run's first
+differing record, and exits 1 if any differs.
 """
 
 import json
@@ -15,10 +16,10 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
+from trainer.host import Host
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the runs\' records.', required=True)
 _COMPARE = flags.DEFINE_string('compare', None, 'A folder of earlier records to compare with.')
@@ -66,4 +67,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  Host().run(main, parse_flags)

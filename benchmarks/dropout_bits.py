@@ -17,7 +17,6 @@ from collections.abc import Iterator
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import app
 from absl import flags
 from flax import nnx
 
@@ -25,7 +24,8 @@ from benchmarks import workload
 from configs import default
 from data.mnist import Examples
 from mlp.model import MLP
-from trainer import run as devices
+from trainer import programs as devices
+from trainer.host import Host
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each variant.', lower_bound=1)
 BYTES, THREEFRY, RBG = ('model dropout (bytes, a word per 4 units)',
@@ -100,4 +100,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

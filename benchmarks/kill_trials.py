@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 
 from benchmarks import workload
+from trainer.host import Host
 
 _TRIALS = flags.DEFINE_integer('trials', 20, 'Runs to kill and resume.', lower_bound=1)
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the kill times.')
@@ -131,4 +131,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

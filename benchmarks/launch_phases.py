@@ -22,10 +22,10 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
+from trainer.host import Host
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the profiles and the output.', required=True)
 _LAUNCHES = flags.DEFINE_integer('launches', 2, 'Launches, each in a fresh run directory.')
@@ -82,4 +82,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  Host().run(main, parse_flags)

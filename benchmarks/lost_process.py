@@ -19,12 +19,12 @@ import sys
 import threading
 import time
 
-from absl import app
 from absl import flags
 
 from benchmarks import workload
 from trainer.reporting import read_records
 from trainer.run_dir import RunDirectory
+from trainer.host import Host
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder or gs:// prefix for the trials\' runs.',
                                required=True)
@@ -119,4 +119,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

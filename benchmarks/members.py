@@ -21,13 +21,12 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 
 from benchmarks import workload
 from benchmarks.workload import ROOT
-from command import fail
 from errors import UserError
+from trainer.host import Host
 
 _NUM_MODELS = flags.DEFINE_integer('num_models', 3, 'Members of the side-by-side run (2 or more).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed epochs of each (at least 3).')
@@ -104,17 +103,14 @@ def report(epochs: dict, launches: dict | None, num_models: int) -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  try:
-    if _NUM_MODELS.value < 2 or _REPEATS.value < 3 or _LAUNCH_EPOCHS.value < 1:
-      raise UserError('--num_models must be 2 or more, --repeats 3 or more and --launch_epochs 1 '
-                      'or more; e.g. --num_models=3 --repeats=5 --launch_epochs=2')
-    epochs = time_epochs(_NUM_MODELS.value, _REPEATS.value)
-    launches = (time_launches(_NUM_MODELS.value, _LAUNCH_EPOCHS.value) if _LAUNCHES.value
-                else None)
-  except UserError as error:
-    fail(str(error), 1)
+  if _NUM_MODELS.value < 2 or _REPEATS.value < 3 or _LAUNCH_EPOCHS.value < 1:
+    raise UserError('--num_models must be 2 or more, --repeats 3 or more and --launch_epochs 1 '
+                    'or more; e.g. --num_models=3 --repeats=5 --launch_epochs=2')
+  epochs = time_epochs(_NUM_MODELS.value, _REPEATS.value)
+  launches = (time_launches(_NUM_MODELS.value, _LAUNCH_EPOCHS.value) if _LAUNCHES.value
+              else None)
   print(report(epochs, launches, _NUM_MODELS.value), flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

@@ -21,11 +21,11 @@ import sys
 import tempfile
 from collections.abc import Iterable
 
-from absl import app
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from command import fail
+from errors import UsageError, UserError
+from trainer.host import Host
 
 RUNS = ROOT / 'tests' / 'golden' / 'default_train8000'
 TIMINGS = ('epoch_seconds', 'train_images_per_second')
@@ -64,7 +64,7 @@ def train(seed: str, level: str) -> list[dict]:
         cwd=ROOT, capture_output=True, text=True, check=False,
         env={**os.environ, 'XLA_FLAGS': flags_.strip()})
     if out.returncode != 0:
-      fail(f'seed {seed} at {level} failed: {out.stderr.strip().splitlines()[-1:]}', 1)
+      raise UserError(f'seed {seed} at {level} failed: {out.stderr.strip().splitlines()[-1:]}')
     lines = pathlib.Path(workdir, 'metrics.jsonl').read_text().splitlines()
   return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS} for line in lines]
 
@@ -106,15 +106,16 @@ def main(argv: list[str]) -> None:
   unused = [f'--{flag.name}' for flag in (_CPU, _SEEDS, _LEVELS, _OVERRIDES)
             if flags.FLAGS[flag.name].present]
   if unused and not _RECORD.value:
-    fail(f'{", ".join(unused)} only {"says" if len(unused) == 1 else "say"} how to record; add '
-         '--record to record this CPU\'s runs, or leave them out to print the recorded spread', 2)
+    raise UsageError(f'{", ".join(unused)} only {"says" if len(unused) == 1 else "say"} how to '
+                     'record; add --record to record this CPU\'s runs, or leave them out to print '
+                     'the recorded spread')
   if _RECORD.value:
     if not _CPU.value:
-      fail('--record needs --cpu=NAME, a short name of this CPU for the file names', 2)
+      raise UsageError('--record needs --cpu=NAME, a short name of this CPU for the file names')
     record(folder, str(_CPU.value))
   runs = read_runs(folder)
   if len(runs) < 2:
-    fail(f'{folder} holds {len(runs)} recorded runs; record some with --record', 2)
+    raise UsageError(f'{folder} holds {len(runs)} recorded runs; record some with --record')
   print(f'{len(runs)} runs in {folder}, seeds {sorted({seed_of(n) for n in runs})}')
   for name, gap in first_epoch_differences(runs).items():
     print(f'epoch 1, one seed: {name:<15} largest difference {gap:.3g}')
@@ -127,4 +128,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  Host().run(main, parse_flags)

@@ -28,7 +28,6 @@ import tempfile
 from collections.abc import Callable
 from typing import NamedTuple
 
-from absl import app
 from absl import flags
 
 import jax
@@ -36,9 +35,9 @@ import ml_collections
 
 from data.mnist import Examples
 from benchmarks import workload
-from command import fail
 from errors import UserError
 from mlp import batches
+from trainer.host import Host
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
 _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')
@@ -208,31 +207,28 @@ def ablate(trainer: workload.TrainerRun, config: ml_collections.ConfigDict, exam
 
 def main(argv: list[str]) -> None:
   del argv
-  try:
-    if _EPOCHS.value < 1:
-      raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
-    if _ABLATE.value and _REPEATS.value < 1:
-      raise UserError(f'--repeats={_REPEATS.value}: time at least one epoch of each')
-    if _NUM_MODELS.value < 1 or (_ABLATE.value and _NUM_MODELS.value > 1) or _MAX_SHIFT.value < 0:
-      raise UserError(f'--num_models={_NUM_MODELS.value} --max_shift={_MAX_SHIFT.value}: profile '
-                      '1 model or more, with shifts of 0 or more; --ablate takes one model')
-    config = workload.benchmark_config()
-    config.num_models, config.data.max_shift = _NUM_MODELS.value, _MAX_SHIFT.value
-    examples, description = workload.load_images()
-    trainer = workload.TrainerRun(config, examples)
-    ops = compiled_ops(trainer)
-    untraced = min(trainer.epoch(epoch)[0] for epoch in range(1, 4))
-    with tempfile.TemporaryDirectory() as scratch:
-      trace_dir = _TRACE_DIR.value or scratch
-      seconds = trace_epochs(trainer, _EPOCHS.value, trace_dir)
-      totals = op_times(trace_dir, ops)
-    print(report(Trace(totals, ops, seconds, untraced), config, examples, description, _TOP.value),
-          flush=True)
-    if _ABLATE.value:
-      print('', ablate(trainer, config, examples, _REPEATS.value), sep='\n', flush=True)
-  except UserError as error:
-    fail(str(error), 1)
+  if _EPOCHS.value < 1:
+    raise UserError(f'--epochs={_EPOCHS.value}: trace at least one epoch')
+  if _ABLATE.value and _REPEATS.value < 1:
+    raise UserError(f'--repeats={_REPEATS.value}: time at least one epoch of each')
+  if _NUM_MODELS.value < 1 or (_ABLATE.value and _NUM_MODELS.value > 1) or _MAX_SHIFT.value < 0:
+    raise UserError(f'--num_models={_NUM_MODELS.value} --max_shift={_MAX_SHIFT.value}: profile '
+                    '1 model or more, with shifts of 0 or more; --ablate takes one model')
+  config = workload.benchmark_config()
+  config.num_models, config.data.max_shift = _NUM_MODELS.value, _MAX_SHIFT.value
+  examples, description = workload.load_images()
+  trainer = workload.TrainerRun(config, examples)
+  ops = compiled_ops(trainer)
+  untraced = min(trainer.epoch(epoch)[0] for epoch in range(1, 4))
+  with tempfile.TemporaryDirectory() as scratch:
+    trace_dir = _TRACE_DIR.value or scratch
+    seconds = trace_epochs(trainer, _EPOCHS.value, trace_dir)
+    totals = op_times(trace_dir, ops)
+  print(report(Trace(totals, ops, seconds, untraced), config, examples, description, _TOP.value),
+        flush=True)
+  if _ABLATE.value:
+    print('', ablate(trainer, config, examples, _REPEATS.value), sep='\n', flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

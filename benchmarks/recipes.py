@@ -21,11 +21,11 @@ import sys
 import tempfile
 import time
 
-from absl import app
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from command import fail
+from errors import UsageError, UserError
+from trainer.host import Host
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
 _ALSO = flags.DEFINE_list('also', [], 'More config files, each trained as it is.')
@@ -60,7 +60,7 @@ def train(config_file: str, recipe: str, seed: str, workdir: str,
   seconds = time.perf_counter() - start
   if out.returncode != 0:
     said = (out.stderr.strip().splitlines() or [f'exit status {out.returncode}'])[-1]
-    fail(f'{config_file} {recipe} seed {seed} failed: {said.removeprefix("error: ")}', 1)
+    raise UserError(f'{config_file} {recipe} seed {seed} failed: {said.removeprefix("error: ")}')
   with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
     return json.loads(metrics.read().splitlines()[-1]), seconds
 
@@ -107,15 +107,15 @@ def main(argv: list[str]) -> None:
   del argv  # parse_flags refused any.
   unknown = set(_RECIPES.value) - RECIPES.keys()
   if unknown:
-    fail(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}', 2)
+    raise UsageError(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}')
   if _ONE_LAUNCH.value and not consecutive(_SEEDS.value):
-    fail(f'--one_launch trains seeds s, s+1, ... together, got --seeds={",".join(_SEEDS.value)}; '
-         'pass consecutive ones, e.g. --seeds=0,1,2', 2)
+    raise UsageError('--one_launch trains seeds s, s+1, ... together, got '
+                     f'--seeds={",".join(_SEEDS.value)}; pass consecutive ones, e.g. --seeds=0,1,2')
   missing = [name for name in dict.fromkeys([_CONFIG.value, *_ALSO.value])
              if not (ROOT / name).is_file()]
   if missing:  # Before any run: the table would otherwise stop at the first such file's turn.
-    fail(f'no config file {", ".join(missing)} (a path from {ROOT}, or absolute); pass files that '
-         'exist, e.g. --also=configs/fast.py', 2)
+    raise UsageError(f'no config file {", ".join(missing)} (a path from {ROOT}, or absolute); '
+                     'pass files that exist, e.g. --also=configs/fast.py')
   runs = [(_CONFIG.value, recipe) for recipe in _RECIPES.value]
   runs = list(dict.fromkeys([*runs, *((config_file, 'config') for config_file in _ALSO.value)]))
   print(f'splits {_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
@@ -124,4 +124,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  Host().run(main, parse_flags)

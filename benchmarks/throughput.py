@@ -33,7 +33,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from absl import app
 from absl import flags
 
 import jax
@@ -42,13 +41,13 @@ import ml_collections
 import numpy as np
 
 from data.mnist import Examples
-from mlp import epoch as epoch_lib
+from mlp import passes
 from mlp import steps
 from benchmarks import workload
 from benchmarks.workload import ROOT
-from command import fail
 from errors import UserError
 from mlp import batches
+from trainer.host import Host
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')
@@ -77,8 +76,8 @@ class LoopRun:
     # The same normalized float32 pixels the trainer computes, prepared once on the host.
     everything = batches.gather(examples.images, examples.labels, jnp.arange(len(examples)))
     self._images, self._labels = np.asarray(everything['image']), np.asarray(everything['label'])
-    self._plan = jax.jit(epoch_lib.epoch_plan, static_argnums=2, static_argnames='batch_size')
-    self._step = jax.jit(functools.partial(epoch_lib.train_batch, spec=epoch_lib.EpochSpec(
+    self._plan = jax.jit(passes.epoch_plan, static_argnums=2, static_argnames='batch_size')
+    self._step = jax.jit(functools.partial(passes.train_batch, spec=passes.EpochSpec(
         config.batch_size, label_smoothing=config.label_smoothing)))
     self._batch_size = config.batch_size
     self._state, self._seed_key = trainer.start_state, trainer.run_key
@@ -376,30 +375,27 @@ def modes_report(figures: dict, config: ml_collections.ConfigDict, description: 
 
 def main(argv: list[str]) -> None:
   del argv
-  try:
-    if _REPEATS.value < MIN_REPEATS:
-      raise UserError(f'--repeats={_REPEATS.value} is too few for a median with a spread; '
-                      f'use --repeats={MIN_REPEATS} or more')
-    config = workload.benchmark_config()
-    if _COMPARE_MODES.value:
-      examples, description = workload.load_images()
-      figures = time_modes(mode_runs(config, examples, _COMPARE_MODES.value), _REPEATS.value)
-      print(modes_report(figures, config, description), flush=True)
-      return
-    load_before = os.getloadavg()[0]
-    startup = (measure_startup(config.batch_size, workload.check_data_dir(WITHOUT_DATA))
-               if _STARTUP.value or _ONLY_STARTUP.value else None)
-    if _ONLY_STARTUP.value and startup:
-      print(_startup_line(startup), json.dumps(startup), sep='\n\n', flush=True)
-      return
-    examples, description = workload.load_images(WITHOUT_DATA)
-    figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
-  except UserError as error:
-    fail(str(error), 1)
+  if _REPEATS.value < MIN_REPEATS:
+    raise UserError(f'--repeats={_REPEATS.value} is too few for a median with a spread; '
+                    f'use --repeats={MIN_REPEATS} or more')
+  config = workload.benchmark_config()
+  if _COMPARE_MODES.value:
+    examples, description = workload.load_images()
+    figures = time_modes(mode_runs(config, examples, _COMPARE_MODES.value), _REPEATS.value)
+    print(modes_report(figures, config, description), flush=True)
+    return
+  load_before = os.getloadavg()[0]
+  startup = (measure_startup(config.batch_size, workload.check_data_dir(WITHOUT_DATA))
+             if _STARTUP.value or _ONLY_STARTUP.value else None)
+  if _ONLY_STARTUP.value and startup:
+    print(_startup_line(startup), json.dumps(startup), sep='\n\n', flush=True)
+    return
+  examples, description = workload.load_images(WITHOUT_DATA)
+  figures = run(config, examples, _REPEATS.value, _MATMUL_SIZE.value)
   setting = Setting(config, description, (load_before, os.getloadavg()[0]), _REPEATS.value,
                     _MATMUL_SIZE.value)
   print(report(figures, setting, startup), flush=True)
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=workload.parse_flags)
+  Host().run(main, workload.parse_flags)

@@ -18,11 +18,11 @@ from jax.sharding import Mesh
 from configs import default
 from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
-from command import fail, parse_tool_flags
-from errors import UserError
-from mlp import epoch as epoch_lib
+from command import parse_tool_flags
+from errors import UsageError, UserError
+from mlp import passes
 from mlp import steps
-from trainer.run import compile_epochs
+from trainer.programs import compile_programs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -110,7 +110,7 @@ class TrainerRun:
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                state: steps.TrainState | None = None):
     """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
-    self._run = compile_epochs(config, examples, examples)
+    self._run = compile_programs(config, examples, examples)
     self._state = self._run.fresh_state() if state is None else state
     # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
     # start from it to train exactly what the trainer trains.
@@ -164,7 +164,7 @@ class MatmulsAloneRun:
   @staticmethod
   def _matmuls(kernels: list[jax.Array], images: jax.Array, seed_key: jax.Array, epoch: jax.Array,
                *, batch_size: int) -> jax.Array:
-    plan, _ = epoch_lib.epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size)
+    plan, _ = passes.epoch_plan(seed_key, epoch, images.shape[0], batch_size=batch_size)
 
     def body(carry, indices):
       # The carry (a scalar of the last step's gradients) keeps XLA from hoisting any step.
@@ -191,5 +191,5 @@ def parse_flags(argv: list[str]) -> list[str]:
   command = f'python -m benchmarks.{pathlib.Path(argv[0]).stem}'
   rest = parse_tool_flags(argv, f'{command} [--FLAG=VALUE ...] (--helpshort lists the flags)')
   if len(rest) > 1:
-    fail(f'unexpected arguments {rest[1:]}; flags look like --FLAG=VALUE', 2)
+    raise UsageError(f'unexpected arguments {rest[1:]}; flags look like --FLAG=VALUE')
   return rest

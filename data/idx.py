@@ -12,7 +12,7 @@ import zlib
 
 import numpy as np
 
-from errors import UserError
+from errors import During, UserError
 
 # MNIST's files by split, named as MNIST and TFDS name them (TFDS downloads the `.gz` form).
 FILES = {
@@ -76,12 +76,10 @@ def load_idx(folder: str, name: str) -> tuple[np.ndarray, np.ndarray]:
   """Split `name` whole: images uint8 [N, 28, 28], labels int32 [N]; '' reads the carried copy."""
   root = data_folder(folder)
   images_name, labels_name = FILES[name]
-  try:
+  with During('loading data', str(root)):  # No permission to read, or a disk fault.
     check_folder(root, 'set --config.data.dir to the folder that holds the MNIST files')
     images = _parse(_read_verified(root, images_name), _IMAGES_MAGIC)
     labels = _parse(_read_verified(root, labels_name), _LABELS_MAGIC)
-  except OSError as error:
-    raise unreadable(error, root) from error
   return images, labels.astype(np.int32)
 
 
@@ -91,9 +89,3 @@ def check_folder(root: pathlib.Path, fix: str) -> None:
     raise UserError(f'data folder {root} {"is a file" if root.exists() else "does not exist"}; '
                     f'{fix}')
 
-
-def unreadable(error: OSError, root: pathlib.Path) -> UserError:
-  """No permission to read a file or search its folder, or a disk fault: the one line to act on."""
-  return UserError(f'{error.filename or root} cannot be read ({error.strerror}); give this user '
-                   'read access to it and its folder, or set --config.data.dir to a folder that '
-                   'holds a readable copy')

@@ -1,16 +1,14 @@
 """MNIST through tensorflow-datasets, prepared from MNIST's files on disk: TFDS never downloads."""
 
-import contextlib
 import pathlib
 import types
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from absl import logging
 
-from data.idx import FILES, check_folder, data_folder, unreadable
-from errors import UserError
+from data.idx import FILES, check_folder, data_folder
+from errors import During, UserError
 from native_logs import import_tensorflow_quietly
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
@@ -19,23 +17,22 @@ FILES_HELP = (f'TFDS prepares MNIST from its four canonical files ({", ".join(CA
               'carries; --config.data.source=idx reads any faithful copy, gzipped or not')
 
 
-@contextlib.contextmanager
-def _quiet_absl() -> Iterator[None]:
-  previous = logging.get_verbosity()
-  logging.set_verbosity(logging.ERROR)
-  try:
-    yield
-  finally:
-    logging.set_verbosity(previous)
+class _QuietAbsl:
+  """absl's logs at errors alone while entered: TFDS's notes are no line of ours."""
+
+  def __enter__(self) -> None:
+    self._previous = logging.get_verbosity()
+    logging.set_verbosity(logging.ERROR)
+
+  def __exit__(self, *exc_info: Any) -> None:
+    logging.set_verbosity(self._previous)
 
 
 def _check_folder(folder: pathlib.Path) -> None:
   """All four files must be there: TFDS would otherwise try to download the missing ones."""
-  try:
+  with During('loading data', str(folder)):  # No permission to read, or a disk fault.
     check_folder(folder, FILES_HELP)
     missing = [name for name in CANONICAL_FILES if not (folder / name).is_file()]
-  except OSError as error:
-    raise unreadable(error, folder) from error
   if missing:
     raise UserError(f'data folder {folder} lacks {", ".join(missing)}; {FILES_HELP}')
 
@@ -64,7 +61,7 @@ def load_tfds(split: str, manual_dir: str = '',
                     '(TensorFlow has wheels for Python 3.11 to 3.13), or read the same files with '
                     '--config.data.source=idx') from error
 
-  with _quiet_absl():  # TFDS warns of a "variant folder" it only looked for; our line says the fix.
+  with _QuietAbsl():  # TFDS warns of a "variant folder" it only looked for; our line says the fix.
     builder = tfds.builder('mnist', data_dir=data_dir or None)
     prepared = builder.is_prepared()
   if not prepared:

@@ -1,5 +1,5 @@
 """The trained model as a classifier of MNIST's own uint8 pixels: the forward pass of every
-prediction, in evaluation's batches (mlp/epoch.py) or whole, for serving."""
+prediction, in evaluation's batches (mlp/passes.py) or whole, for serving."""
 
 import jax
 

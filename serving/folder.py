@@ -9,7 +9,7 @@ import shutil
 import time
 from collections.abc import Iterator
 
-from errors import UserError, write_failed
+from errors import During, UserError
 
 STABLEHLO, SAVED_MODEL = 'stablehlo', 'savedmodel'
 FILES = {STABLEHLO: 'model.jax_export', SAVED_MODEL: 'saved_model'}  # Format -> its name in DIR.
@@ -57,19 +57,14 @@ class OutFolder:
     On any failure it is removed, and an export already there is left as it was.
     """
     parent, name = os.path.split(self.path)
-    try:
+    with During('writing', self.path):
       os.makedirs(parent, exist_ok=True)
       staging = os.path.join(parent, f'.{name}.partial-{os.getpid()}-{time.monotonic_ns()}')
       os.mkdir(staging)  # Not mkdtemp: its mode, 700, would follow the folder into place.
-    except OSError as error:
-      raise write_failed(self.path, error) from error
-    try:
+    with contextlib.ExitStack() as cleanup, During('writing', self.path):
+      cleanup.callback(shutil.rmtree, staging, ignore_errors=True)
       yield staging
       self._move_in(staging)
-    except OSError as error:
-      raise write_failed(self.path, error) from error
-    finally:
-      shutil.rmtree(staging, ignore_errors=True)
 
   def _move_in(self, staging: str) -> None:
     """Replaces every file of an earlier export (other files stay); the manifest moves last."""

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 # One persistent compilation cache for this session's processes (the xdist workers and every run
 # they launch), set before JAX is imported: each distinct program compiles once. It is new each
@@ -35,6 +35,8 @@ import ml_collections  # pylint: disable=wrong-import-position
 import pytest
 
 from configs import default
+from trainer import faults
+from trainer.host import Host
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MNIST_DIR = ROOT / 'data' / 'mnist'  # The four MNIST files the project carries.
@@ -44,6 +46,37 @@ REAL_SPLITS = {'data.source': 'idx', 'data.dir': str(MNIST_DIR),
 
 
 TIMINGS = ('epoch_seconds', 'train_images_per_second')
+
+
+class Recorder(Host):
+  """The host of a run called in the test's own process: its warnings passed to `warn` (kept in
+  `warnings` by default), and with `stop_after`, a SIGTERM heard once that many epochs have ended,
+  as a preempted VM's would be."""
+
+  def __init__(self, warn: Callable[[str], None] | None = None, stop_after: int | None = None):
+    super().__init__()
+    self.warnings: list[str] = []
+    self._on_warning = warn or self.warnings.append
+    self._stop_after, self._epochs_ended = stop_after, 0
+
+  def warn(self, message: str) -> None:
+    self._on_warning(message)
+
+  def agree_at_epoch_end(self, lock_lost: bool) -> tuple[str | None, bool]:
+    self._epochs_ended += 1
+    if self._stop_after is not None and self._epochs_ended >= self._stop_after:
+      self._signal = 'SIGTERM'
+    return super().agree_at_epoch_end(lock_lost)
+
+
+def line_of(call: Callable[[], object]) -> str:
+  """The one line the user sees for what `call` raises (trainer/faults.py's words); fails the test
+  where it raises nothing, or a fault of the code."""
+  with pytest.raises(BaseException) as raised:
+    call()
+  line = faults.line(raised.value)
+  assert line is not None, f'no line for {raised.value!r}'
+  return line
 
 
 def read_metrics(workdir: pathlib.Path) -> list[dict]:

@@ -14,9 +14,9 @@ import numpy as np
 
 from data.mnist import load_split
 from tests.conftest import make_config
-from trainer import run as devices
+from trainer import programs as devices
 from trainer import loop
-from trainer.run import compile_epochs
+from trainer.programs import compile_programs
 from trainer.run_dir import RunDirectory
 
 # Dropout, pixel shifts and distortions on, all keyed by example, so one device and many compute the
@@ -53,7 +53,7 @@ def same(a, b) -> bool:
 def walk_replicated_state(config) -> dict:
   """One epoch on the mesh, then epoch 2 twice: straight on, and from a host copy put back."""
   train = load_split(config.data, config.data.train_split)
-  run = compile_epochs(config, train, load_split(config.data, config.data.eval_split))
+  run = compile_programs(config, train, load_split(config.data, config.data.eval_split))
   start = run.fresh_state()
   initial = jax.device_get(start)
   report = {'mesh_size': run.mesh.size, 'initial_shapes': shapes(initial),

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, NoReturn
 
 import jax
 import numpy as np
@@ -26,20 +26,20 @@ from etils import epath
 
 from mlp import randomness
 from trainer import checkpoints as checkpoint
-from trainer import config_rules
+from trainer import config_fields, config_rules
 from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
-from trainer.run import keys_of, mode_and_mesh, state_template
+from trainer.programs import keys_of, mode_and_mesh, recipe_of, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 import library_errors
 from errors import UserError
-from trainer.loop import Preempted, StopRequest
+from trainer.host import Host, Stopped
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import LOCK_FILE
 from tests.test_library_errors import orbax_step_metadata_warnings
-from tests.conftest import (FREE_MEMORY, ROOT, make_config, override_flags, read_metrics,
-                            run_train, without_timings)
+from tests.conftest import (FREE_MEMORY, ROOT, Recorder, make_config, override_flags,
+                            read_metrics, run_train, line_of, without_timings)
 
 CONFIG = '--config=configs/default.py'
 # A checkpoint every epoch, however little time has passed since the last: these runs check what
@@ -82,8 +82,8 @@ def run_key(config):
 
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = state_template(config, mode_and_mesh(config)[1])
-  with Checkpoints(RunDirectory(workdir), config, run_key(config), warn=lambda _: None,
+  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], config.num_models)
+  with Checkpoints(RunDirectory(workdir), config, run_key(config), Recorder(lambda _: None),
                    read_only=True) as checkpoints:
     return checkpoints.restore(template)
 
@@ -108,23 +108,17 @@ def snapshot(folder) -> dict[str, str]:
           for p in sorted(folder.rglob('*')) if p.is_file()}
 
 
-def stop_after(epochs: int):
-  """A should_stop that asks to stop, as a SIGTERM would, once `epochs` epochs have ended."""
-  calls = []
-
-  def should_stop():
-    calls.append(None)
-    return 'SIGTERM' if len(calls) >= epochs else None
-
-  return should_stop
+def stop_after(epochs: int) -> Recorder:
+  """A host that hears a SIGTERM, as a preempted VM's, once `epochs` epochs have ended."""
+  return Recorder(stop_after=epochs)
 
 
 @pytest.mark.slow
 def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     small_run, tmp_path, capsys):
   config = make_config(**SMALL)
-  with pytest.raises(Preempted) as stopped:
-    loop.train_and_evaluate(config, RunDirectory(tmp_path), should_stop=stop_after(1))
+  with pytest.raises(Stopped) as stopped:
+    loop.train_and_evaluate(config, RunDirectory(tmp_path), stop_after(1))
   assert str(stopped.value) == (
       f'stopped by SIGTERM after epoch 1, whose checkpoint is saved in {tmp_path}')
   assert stopped.value.exit_status == 128 + signal.SIGTERM
@@ -182,7 +176,7 @@ def test_checkpoints_closed_before_any_save_wait_for_orbaxs_cleanup_of_half_writ
   islink = os.path.islink
   monkeypatch.setattr(os.path, 'islink', lambda path: time.sleep(0.2) or islink(path))
   config, before = make_config(**SMALL), set(threading.enumerate())
-  saved = Checkpoints(RunDirectory(small_copy), config, keys_of(config)[1], warn=pytest.fail)
+  saved = Checkpoints(RunDirectory(small_copy), config, keys_of(config)[1], Recorder(pytest.fail))
   started = [t for t in threading.enumerate() if t not in before and not t.daemon]
   assert any(t.is_alive() for t in started)  # Orbax's look, still under way.
   saved.close()
@@ -362,10 +356,10 @@ def test_metadata_this_user_may_not_read_is_not_damage_and_moves_nothing(tmp_pat
       raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
     return read_text(path, *args, **kwargs)
   monkeypatch.setattr(gpath, 'read_text', read_as_the_os_would)
-  with pytest.raises(UserError, match=rf'^cannot read the checkpoint of epoch 1 in {tmp_path} '
-                     r'\(PermissionError: .*\); every checkpoint was left in place: let this user '
-                     'read its files, then rerun the same command$'):
-    evaluation.restore_run(RunDirectory(tmp_path))
+  assert re.fullmatch(rf'cannot read the checkpoint of epoch 1 in {tmp_path} \(PermissionError: '
+                      r'.*\); every checkpoint was left in place: let this user read its files, '
+                      'then rerun the same command',
+                      line_of(lambda: evaluation.restore_run(RunDirectory(tmp_path))))
   assert meta.read_text() == '{}' and sorted(os.listdir(tmp_path)) == ['1']
 
 
@@ -375,9 +369,8 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   error, reason = TRANSIENT[case]
   failing_state_reads(monkeypatch, 3, error)
   before = snapshot(small_copy)
-  with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
-  message = str(stopped.value)
+  message = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL),
+                                                    RunDirectory(small_copy)))
   assert message.startswith(f'cannot read the checkpoint of epoch 3 in {small_copy} ({reason}')
   assert 'every checkpoint was left in place' in message and '\n' not in message
   assert message.endswith('let this user read its files, then rerun the same command'
@@ -407,9 +400,8 @@ def test_memory_that_runs_out_in_a_restore_is_one_line_and_moves_nothing(small_c
                                                                          error, said):
   failing_state_reads(monkeypatch, 3, error)
   before = snapshot(small_copy)
-  with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
-  assert str(stopped.value) == said
+  assert line_of(lambda: loop.train_and_evaluate(make_config(**SMALL),
+                                                 RunDirectory(small_copy))) == said
   assert snapshot(small_copy) == before  # Not taken for damage: nothing set aside.
 
 
@@ -431,24 +423,24 @@ def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, mo
   if doing == 'drawing':
     monkeypatch.setattr(evaluation, '_predict', out_of_memory)
   elif doing == 'creating':  # The model's parameters, made in the fresh state's program.
-    compile_epochs = run.compile_epochs
+    compile_programs = run.compile_programs
 
     def model_out_of_memory(*args):
-      epochs = compile_epochs(*args)
-      return dataclasses.replace(epochs, learning=epochs.learning._replace(model=out_of_memory))
+      programs = compile_programs(*args)
+      return dataclasses.replace(programs, recipe=programs.recipe._replace(model=out_of_memory))
 
-    monkeypatch.setattr(run, 'compile_epochs', model_out_of_memory)
+    monkeypatch.setattr(run, 'compile_programs', model_out_of_memory)
   else:
-    compile_epochs = run.compile_epochs
+    compile_programs = run.compile_programs
     program = {'training': 'train_program', 'evaluating': 'eval_program'}[doing]
-    monkeypatch.setattr(run, 'compile_epochs', lambda *args: dataclasses.replace(
-        compile_epochs(*args), **{program: out_of_memory}))
-  with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:512]',
-                                        data__eval_split='test[:100]'), RunDirectory(tmp_path))
+    monkeypatch.setattr(run, 'compile_programs', lambda *args: dataclasses.replace(
+        compile_programs(*args), **{program: out_of_memory}))
+  stopped = line_of(lambda: loop.train_and_evaluate(
+      make_config(num_epochs=1, data__train_split='train[:512]', data__eval_split='test[:100]'),
+      RunDirectory(tmp_path)))
   said = {'drawing': 'evaluating', 'creating': 'training'}.get(doing, doing)
-  assert str(stopped.value) == (f'this machine ran out of memory {said} ({XLA_OUT_OF_MEMORY}); '
-                                f'{fix}, or use a device with more memory')
+  assert stopped == (f'this machine ran out of memory {said} ({XLA_OUT_OF_MEMORY}); '
+                     f'{fix}, or use a device with more memory')
 
 
 # A GPU's compiler out of memory while it tries kernels (an NVIDIA H200, jax 0.11.2): its text heads
@@ -466,21 +458,21 @@ def test_a_device_out_of_memory_while_compiling_names_the_program_s_fix_and_its_
     tmp_path, monkeypatch, program, said):
   """A GPU's compiler times candidate kernels in device memory: a model too big runs out there,
   before any epoch; the line names the allocation, not the count of kernels."""
-  from trainer import run  # pylint: disable=g-import-not-at-top
-  compile_program = run._compile  # pylint: disable=protected-access
+  from trainer import programs  # pylint: disable=g-import-not-at-top
+  compile_program = programs._compile  # pylint: disable=protected-access
 
   def out_of_memory_compiling(*args, donate):
     if donate == program:  # The training program is the one that donates its state.
       raise jax.errors.JaxRuntimeError(AUTOTUNING_OUT_OF_MEMORY)
     return compile_program(*args, donate=donate)
 
-  monkeypatch.setattr(run, '_compile', out_of_memory_compiling)
-  with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:512]',
-                                        data__eval_split='test[:100]'), RunDirectory(tmp_path))
+  monkeypatch.setattr(programs, '_compile', out_of_memory_compiling)
+  stopped = line_of(lambda: loop.train_and_evaluate(
+      make_config(num_epochs=1, data__train_split='train[:512]', data__eval_split='test[:100]'),
+      RunDirectory(tmp_path)))
   fix = {'training': 'lower batch_size, num_models or model.hidden_sizes in a new --workdir',
          'evaluating': 'lower eval_batch_size (the same command then resumes)'}[said]
-  assert str(stopped.value) == (
+  assert stopped == (
       f'this machine ran out of memory {said} (Out of memory while trying to allocate 19.09GiB); '
       f'{fix}, or use a device with more memory')
 
@@ -491,10 +483,10 @@ def test_memory_that_runs_out_reading_a_checkpoint_s_metadata_is_no_damage(small
     raise MemoryError(NUMPY_OUT_OF_MEMORY)
 
   before = snapshot(small_copy)
-  with monkeypatch.context() as patch, pytest.raises(UserError) as stopped:
+  with monkeypatch.context() as patch:
     patch.setattr(checkpoint.json, 'loads', out_of_memory)
-    evaluation.restore_run(RunDirectory(small_copy))
-  assert str(stopped.value) == (
+    stopped = line_of(lambda: evaluation.restore_run(RunDirectory(small_copy)))
+  assert stopped == (
       f'this machine ran out of memory (MemoryError: {NUMPY_OUT_OF_MEMORY}); {FREE_MEMORY}')
   assert snapshot(small_copy) == before
 
@@ -511,9 +503,8 @@ def test_a_thread_the_machine_will_not_start_mid_run_is_one_line_and_the_rerun_r
 
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', refused)
   run_dir = RunDirectory(tmp_path / 'run')
-  with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(**SMALL), run_dir)
-  assert str(stopped.value) == (
+  stopped = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), run_dir))
+  assert stopped == (
       "this machine would not start another thread (can't start new thread): it is short of memory "
       "or at its limit of processes (ulimit -u, or a container's pids limit); free memory or raise "
       'that limit, then rerun the same command')
@@ -530,11 +521,10 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   config = make_config(**SMALL)
   other = make_config(**SMALL, model__hidden_sizes=(64,))
   before = snapshot(small_copy)
-  with Checkpoints(RunDirectory(small_copy), config, run_key(config), warn=pytest.fail,
+  with Checkpoints(RunDirectory(small_copy), config, run_key(config), Recorder(pytest.fail),
                    read_only=True) as checkpoints:
-    with pytest.raises(UserError) as error:
-      checkpoints.restore(state_template(other, mode_and_mesh(other)[1]))
-  message = str(error.value)
+    template = state_template(recipe_of(other, 1), mode_and_mesh(other)[1], other.num_models)
+    message = line_of(lambda: checkpoints.restore(template))
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')
   assert '\n' not in message and snapshot(small_copy) == before
@@ -597,9 +587,7 @@ def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields
   # With data nowhere: refused before the data loads (data.dir is free to change on a resume).
   other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd',
                       data__dir='/nonexistent/mnist')
-  with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(other, RunDirectory(small_copy))
-  message = str(error.value)
+  message = line_of(lambda: loop.train_and_evaluate(other, RunDirectory(small_copy)))
   assert 'model.hidden_sizes=(512, 512)' in message and 'model.hidden_sizes=(64,)' in message
   assert "optimizer='adamw'" in message and "optimizer='sgd'" in message
   assert 'learning_rate' not in message and '--workdir' in message
@@ -611,11 +599,10 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
   config = make_config(num_epochs=4, data__train_split='train[:2000]', model__hidden_sizes=(64,),
                        model__dropout_rate=0.0, optimizer='sgd', schedule='constant',
                        warmup_epochs=4.0, learning_rate=4000.0, **EVERY_EPOCH)
-  with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(config, RunDirectory(tmp_path))
-  bad_epoch = int(re.search(r'loss is (nan|inf) in epoch (\d)', str(error.value)).group(2))
+  error = line_of(lambda: loop.train_and_evaluate(config, RunDirectory(tmp_path)))
+  bad_epoch = int(re.search(r'loss is (nan|inf) in epoch (\d)', error).group(2))
   assert bad_epoch >= 2  # Otherwise nothing good was saved before it and this proves little.
-  assert f'newest checkpoint: epoch {bad_epoch - 1}' in str(error.value)
+  assert f'newest checkpoint: epoch {bad_epoch - 1}' in error
   assert saved_epochs(tmp_path) == list(range(1, bad_epoch))
   assert [r['epoch'] for r in read_metrics(tmp_path)] == list(range(1, bad_epoch))
   newest = restore(tmp_path, config)
@@ -708,18 +695,27 @@ def test_sigterm_saves_exits_with_a_resume_hint_and_the_rerun_ends_exactly(long_
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(long_run))
 
 
+class Interruptible(Host):
+  """A host whose interruption raises, as Python's Ctrl-C does, rather than end the process."""
+
+  def interrupted(self) -> NoReturn:
+    raise KeyboardInterrupt
+
+
 def test_a_signal_is_recorded_not_fatal_and_a_second_ctrl_c_interrupts():
   previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
-  with StopRequest() as stop_request:
-    assert stop_request() is None
+  host = Interruptible()
+  with host.finishing_epochs():
+    assert host.stop_requested() is None
     os.kill(os.getpid(), signal.SIGINT)
-    assert stop_request() == 'SIGINT'
+    assert host.stop_requested() == 'SIGINT'
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
-  with StopRequest() as stop_request:  # A preemption's: recorded, and a second one is no error.
+  host = Interruptible()
+  with host.finishing_epochs():  # A preemption's: recorded, and a second one is no error.
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)
-    assert stop_request() == 'SIGTERM'
+    assert host.stop_requested() == 'SIGTERM'
   assert {number: signal.getsignal(number) for number in previous} == previous  # Both restored.
 
 
@@ -758,9 +754,9 @@ def test_the_minimum_interval_must_be_a_number_of_seconds_and_may_change_on_resu
   with pytest.raises(UserError,
                      match='checkpoint_min_seconds must be a finite number >= 0, got -1'):
     config_rules.validate(make_config(checkpoint_min_seconds=-1))
-  saved = config_rules.flat_config(make_config())
+  saved = config_fields.flat_config(make_config())
   del saved['checkpoint_min_seconds']  # A checkpoint from before the field.
-  assert config_rules.config_mismatches(saved, config_rules.flat_config(
+  assert config_rules.config_mismatches(saved, config_fields.flat_config(
       make_config(checkpoint_min_seconds=60))) == []
 
 
@@ -770,8 +766,8 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
   config = make_config(**{**SMALL, 'checkpoint_min_seconds': 3600})
   loop.train_and_evaluate(config, RunDirectory(tmp_path / 'straight'))
   assert saved_epochs(tmp_path / 'straight') == [1, 3]
-  with pytest.raises(Preempted):
-    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), should_stop=stop_after(2))
+  with pytest.raises(Stopped):
+    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), stop_after(2))
   assert saved_epochs(tmp_path / 'stopped') == [1, 2]
   loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'))
   assert saved_epochs(tmp_path / 'stopped') == [1, 2, 3]
@@ -782,7 +778,7 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
 
 def ones_state(config):
   """A state of the config's shapes and placement, every value one: quick to save."""
-  template = state_template(config, mode_and_mesh(config)[1])
+  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], config.num_models)
   return jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
                       template)
 
@@ -791,12 +787,12 @@ def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
   state = ones_state(config)
   with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
-                   warn=pytest.fail) as checkpoints:
+                   Recorder(pytest.fail)) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [2, 3]  # Deleted in the background, done once closed.
   with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
-                   warn=pytest.fail) as checkpoints:
+                   Recorder(pytest.fail)) as checkpoints:
     assert checkpoints.set_aside([3]) == [str(tmp_path / f'{DAMAGED_PREFIX}3')]
     for epoch in (3, 4):  # Its epoch can be saved again.
       checkpoints.save(epoch, state, force=True)
@@ -807,7 +803,7 @@ def test_an_old_checkpoint_removed_by_hand_mid_run_is_no_warning(tmp_path, caplo
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
   state = ones_state(config)
   with caplog.at_level(logging.WARNING), Checkpoints(
-      RunDirectory(tmp_path), config, run_key(config), warn=pytest.fail) as checkpoints:
+      RunDirectory(tmp_path), config, run_key(config), Recorder(pytest.fail)) as checkpoints:
     for epoch in (1, 2):
       checkpoints.save(epoch, state, force=True)
     checkpoints.wait()
@@ -828,7 +824,7 @@ def test_old_checkpoints_that_cannot_be_deleted_are_one_warning_naming_them(tmp_
   monkeypatch.setattr(shutil, 'rmtree', refused)
   warnings = []
   with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
-                   warn=warnings.append) as checkpoints:
+                   Recorder(warnings.append)) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [1, 2, 3]  # Orbax deletes no more after a failed deletion.
@@ -842,7 +838,7 @@ def save_the_old_way(workdir, epoch: int, state, rng_data, config, **more) -> No
   """A checkpoint as the code before checkpoint_min_seconds wrote it, through orbax's stock
   handlers: the state with the run key's data, and JSON of the epoch, config and fingerprint (and
   `more` fields)."""
-  flat = config_rules.flat_config(config)
+  flat = config_fields.flat_config(config)
   del flat['checkpoint_min_seconds']  # Older configs lack it.
   tree = checkpoint.saved_tree(state, rng_data)
   fields = {'epoch': epoch, 'config': flat, 'fingerprint': checkpoint.fingerprint(
@@ -870,9 +866,7 @@ def test_a_checkpoint_of_the_older_linen_model_is_refused_in_one_line_and_moves_
   before = resave_newest_the_old_way(small_copy, config, config.seed)
   for attempt in (lambda: loop.train_and_evaluate(config, RunDirectory(small_copy)),
                   lambda: evaluation.restore_run(RunDirectory(small_copy))):
-    with pytest.raises(UserError) as error:
-      attempt()
-    message = str(error.value)
+    message = line_of(attempt)
     assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds the parameters '
                               'of the Flax Linen model'), message
     assert '--workdir' in message and 'git checkout ' in message and '\n' not in message
@@ -906,9 +900,7 @@ def test_an_intact_checkpoint_whose_run_key_is_not_the_seeds_is_refused_and_move
   config = make_config(**SMALL)
   before = resave_newest_the_old_way(small_copy, config, config.seed + 1,
                                      model=checkpoint.MODEL_API)
-  with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(config, RunDirectory(small_copy))
-  message = str(error.value)
+  message = line_of(lambda: loop.train_and_evaluate(config, RunDirectory(small_copy)))
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds the run key [')
   assert f'but seed {config.seed} gives this code [' in message and '--workdir' in message
   assert '\n' not in message and snapshot(small_copy) == before
@@ -928,10 +920,10 @@ def test_a_finished_run_rerun_on_another_eval_split_reports_that_split(small_run
 
 
 def test_the_data_source_may_not_change_on_resume_but_its_folder_may():
-  saved = config_rules.flat_config(make_config())
-  assert config_rules.config_mismatches(saved, config_rules.flat_config(
+  saved = config_fields.flat_config(make_config())
+  assert config_rules.config_mismatches(saved, config_fields.flat_config(
       make_config(data__source='tfds'))) == ['data.source']
-  assert config_rules.config_mismatches(saved, config_rules.flat_config(
+  assert config_rules.config_mismatches(saved, config_fields.flat_config(
       make_config(data__dir='/elsewhere', num_epochs=40))) == []
 
 
@@ -1003,9 +995,8 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
 
   monkeypatch.setattr(checkpoint.Checkpoints, 'save', counted_save)
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'wait_until_finished', failing_wait)
-  with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
-  assert str(error.value).startswith(f'cannot write {tmp_path} (No space left on device);')
+  error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path)))
+  assert error.startswith(f'cannot write {tmp_path} (No space left on device);')
   assert saved == [1, 2]  # The run stopped in epoch 3: no further save was started.
   assert [r['epoch'] for r in read_metrics(tmp_path)] in ([1, 2], [1, 2, 3])
   monkeypatch.undo()
@@ -1025,9 +1016,9 @@ def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_t
     return write_text(path, *args, **kwargs)
 
   monkeypatch.setattr(epath.gpath.PosixGPath, 'write_text', full_disk)
-  with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
-  assert str(error.value) == (
+  error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path),
+                                                  stop_after(2)))
+  assert error == (
       f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write '
       f'{tmp_path} (No space left on device); free space or restore access there, then rerun the '
       'same command to resume from the newest checkpoint (epoch 1)')
@@ -1064,10 +1055,10 @@ def test_a_disk_full_at_a_metrics_write_ends_in_one_line_leaves_no_partial_file_
     return FullDiskFile(file, 10) if writes.count(f'{tmp_path}/{METRICS_FILE}.tmp') == 2 else file
 
   monkeypatch.setattr(run_dir_module, 'open', open_on_a_filling_disk, raising=False)
-  with pytest.raises(UserError) as error:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path), should_stop=stop_after(2))
-  assert str(error.value) == (f'cannot write {tmp_path}/{METRICS_FILE} (No space left on device); '
-                              'free space or restore access there, then rerun the same command')
+  error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path),
+                                                  stop_after(2)))
+  assert error == (f'cannot write {tmp_path}/{METRICS_FILE} (No space left on device); '
+                   'free space or restore access there, then rerun the same command')
   # What a run writes, and nothing half-written: epoch 1's records and checkpoint, its events.
   names = sorted(p.name for p in tmp_path.iterdir())
   assert [n for n in names if not n.startswith('events.out.tfevents.')] == [
@@ -1085,7 +1076,7 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
   array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
   checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config(), run_key(make_config()),
-                            warn=pytest.fail)
+                            Recorder(pytest.fail))
   loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
   def shown(message: str, exception: Exception) -> list[bool]:
@@ -1124,8 +1115,8 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
 def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
   config = make_config(**{**SMALL, 'num_epochs': 2}, dtype='bfloat16')
   loop.train_and_evaluate(config, RunDirectory(tmp_path / 'straight'))
-  with pytest.raises(Preempted):
-    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), should_stop=stop_after(1))
+  with pytest.raises(Stopped):
+    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), stop_after(1))
   with pytest.raises(UserError, match="saved with dtype='bfloat16', but this run has "
                                       "dtype='float32'"):
     loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}),
@@ -1139,16 +1130,16 @@ def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
 @pytest.mark.parametrize('field', sorted(config_rules.DEFAULTS_OF_NEWER_FIELDS))
 def test_checkpoints_from_before_a_newer_field_count_as_the_default_configs_value(field):
   """Also keeps the two places that spell these defaults (configs/default.py, the code) in step."""
-  saved = config_rules.flat_config(make_config())
+  saved = config_fields.flat_config(make_config())
   del saved[field]
   assert config_rules.config_mismatches(config_rules.as_trained(saved),
-                                        config_rules.flat_config(make_config())) == []
+                                        config_fields.flat_config(make_config())) == []
 
 
 def test_checkpoints_from_before_the_dtype_field_count_as_float32():
-  saved = config_rules.flat_config(make_config())
+  saved = config_fields.flat_config(make_config())
   del saved['dtype']
-  assert config_rules.config_mismatches(config_rules.as_trained(saved), config_rules.flat_config(
+  assert config_rules.config_mismatches(config_rules.as_trained(saved), config_fields.flat_config(
       make_config(dtype='bfloat16'))) == ['dtype']
 
 
@@ -1181,9 +1172,8 @@ def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
 
   with monkeypatch.context() as patch:
     patch.setattr(os, 'rename', removed_first)
-    with pytest.raises(UserError) as error:
-      loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
-  assert str(error.value) == (
+    error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir)))
+  assert error == (
       f'the run directory {workdir} was removed or moved while the run wrote there; move it back '
       'and rerun the same command to resume, or rerun it to start again')
   loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
@@ -1235,6 +1225,6 @@ def test_a_bucket_that_will_not_answer_for_a_checkpoint_s_metadata_names_no_dama
 
   monkeypatch.setattr(RunDirectory, 'checkpoint_epochs', lambda self: [1, 2])
   monkeypatch.setattr(epath.Path, 'read_text', read_text)
-  with pytest.raises(UserError, match=r'^Cloud Storage answered Service Unavailable, 503 reading '
-                                      r'gs://b/run/2/\S+, again after the retries'):
-    checkpoint.saved_config(RunDirectory('gs://b/run'))
+  assert re.match(r'Cloud Storage answered Service Unavailable, 503 reading gs://b/run/2/\S+, '
+                  r'again after the retries',
+                  line_of(lambda: checkpoint.saved_config(RunDirectory('gs://b/run'))))

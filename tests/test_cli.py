@@ -3,6 +3,7 @@
 import errno
 import gzip
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -13,19 +14,17 @@ import time
 import jax
 import ml_collections
 import pytest
-from absl import flags
 from flax import nnx
 
-import train
-from errors import ConfigError, UserError, say
+from errors import ConfigError, UserError
+from trainer.host import say
 from library_errors import THREAD_REFUSED
 from mlp.model import MLP
-from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly,
-                            limit_address_space, make_config, override_flags, read_metrics,
-                            run_train)
-from trainer import backend, config_rules
+from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly, limit_address_space,
+                            line_of, make_config, override_flags, read_metrics, run_train)
+from trainer import backend, config_fields, config_rules, faults
 from trainer import evaluation, loop
-from trainer.config_file import ConfigFileFailed
+from trainer.config_file import ConfigFileFailed, ConfigFileParser
 from trainer.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
@@ -214,7 +213,7 @@ BAD_CONFIGS = {
 
 def load_config(path) -> ml_collections.ConfigDict:
   """A config file, loaded by the parser of train.py's --config flag."""
-  return flags.FLAGS['config'].parser.parse(str(path))
+  return ConfigFileParser().parse(str(path))
 
 
 @pytest.mark.parametrize('config_file', sorted((ROOT / 'configs').glob('[!_]*.py')),
@@ -226,7 +225,7 @@ def test_every_config_file_passes_the_checks_it_gives_its_users(config_file):
 
 
 def config_flag_names(config) -> list[str]:
-  return [line.split('=')[0] for line in config_rules.flag_lines(config)]
+  return [line.split('=')[0] for line in config_fields.flag_lines(config)]
 
 
 @pytest.mark.parametrize('case', BAD_CONFIGS)
@@ -234,24 +233,24 @@ def test_a_bad_config_is_one_line_naming_the_field_and_the_fix(case):
   overrides, field, value, fix = BAD_CONFIGS[case]
   with pytest.raises(UserError) as error:
     config_rules.validate(make_config(**overrides))
-  line = train.advice(error.value)
+  line = faults.line(error.value)
   assert line.startswith(f'{field} ') and f'got {value}' in line and f'pass {fix}' in line, line
   assert '\n' not in line
 
 
 # A config file may set any field to a value of another kind; one not built on the default's
 # get_config() (whose fields keep their type) to anything.
-DEFAULT_FIELDS = config_rules.fields(make_config())
+DEFAULT_FIELDS = config_fields.fields(make_config())
 OTHER_KINDS = [(name, value) for name, usual in DEFAULT_FIELDS.items()
                for value in (None, 'x', ['x'], {'x': 1}) if not isinstance(value, type(usual))]
 
 
 @pytest.mark.parametrize('name, value', OTHER_KINDS, ids=str)
 def test_a_value_of_another_kind_in_any_field_is_that_fields_one_line(name, value):
-  config = config_rules.config_from_flat({**DEFAULT_FIELDS, name: value})
+  config = config_fields.config_from_flat({**DEFAULT_FIELDS, name: value})
   with pytest.raises(UserError) as error:
     config_rules.validate(config)
-  line = train.advice(error.value)
+  line = faults.line(error.value)
   assert name in line and '\n' not in line, line
   if not isinstance(value, dict):  # A dict is a group of fields: the config lacks the field.
     assert line.startswith(f'{name} must be ') and f'; pass --config.{name}=' in line, line
@@ -376,9 +375,8 @@ def test_output_that_cannot_be_written_is_one_line_and_later_lines_go_nowhere(tm
   """Output redirected to a full disk (`> train.log`): the user's one line, and no second error
   when Python flushes the stream at exit."""
   with open('/dev/full', 'w', encoding='utf-8') as full:
-    with pytest.raises(UserError, match=r'^cannot write the output \(No space left on device\); '
-                       'free space where it is redirected'):
-      say('a line', full)
+    assert line_of(lambda: say('a line', full)).startswith(
+        'cannot write the output (No space left on device); free space where it is redirected')
     say('the next line', full)  # Now to /dev/null: no error.
     full.flush()
   for args in ([CONFIG, '--print_config'], ['--helpshort']):  # The help: never the config's fault.
@@ -437,9 +435,19 @@ def test_helpshort_exits_0_and_print_config_lists_every_field_with_the_overrides
                   '--print_config')
   assert out.returncode == 0 and out.stderr == ''
   lines = out.stdout.splitlines()
-  assert len(lines) == len(config_rules.flat_config(make_config()))
+  assert len(lines) == len(config_fields.flat_config(make_config()))
   assert "--config.model.hidden_sizes='(64,)'" in lines and "--config.data.dir='a b'" in lines
   assert '--config.learning_rate=0.002' in lines and "--config.data.tfds_data_dir=''" in lines
+
+
+def test_a_config_file_loads_where_deprecations_are_errors():
+  """Not through importlib's deprecated load_module() (ml_collections' loader): a user running
+  with `-W error::DeprecationWarning` met it as the config file's own error."""
+  out = subprocess.run([sys.executable, '-W', 'error::DeprecationWarning', 'train.py',
+                        '--config=configs/quick.py:validation', '--print_config'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0 and out.stderr == '', out.stderr
+  assert "--config.data.eval_split='train[50000:]'" in out.stdout.splitlines()
 
 
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):
@@ -517,9 +525,10 @@ def test_a_run_directory_this_user_may_not_list_is_one_line(use, tmp_path, monke
 def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_path, mnist_dir):
   (tmp_path / 'metrics.jsonl').mkdir()  # A folder where the run keeps its records.
   (tmp_path / 'metrics.jsonl' / 'notes.txt').write_text('keep me')
-  with pytest.raises(UserError, match=r'cannot read \S+/metrics.jsonl \(Is a directory\); move it '
-                     'out of the run directory or restore it, then rerun the same command'):
-    loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(tmp_path))
+  assert re.fullmatch(r'cannot read \S+/metrics.jsonl \(Is a directory\); move it out of the run '
+                      'directory or restore it, then rerun the same command', line_of(
+                          lambda: loop.train_and_evaluate(make_config(num_epochs=1),
+                                                          RunDirectory(tmp_path))))
   assert (tmp_path / 'metrics.jsonl' / 'notes.txt').read_text() == 'keep me'
 
 
@@ -530,10 +539,9 @@ def test_memory_the_machine_cannot_give_for_the_data_is_one_line_and_writes_noth
     raise MemoryError('Unable to allocate output buffer.')
 
   monkeypatch.setattr(gzip, 'decompress', decompress)
-  with pytest.raises(UserError) as stopped:
-    loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(tmp_path / 'run'))
-  assert str(stopped.value) == ('this machine ran out of memory (MemoryError: Unable to allocate '
-                                f'output buffer.); {FREE_MEMORY}')
+  assert line_of(lambda: loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(
+      tmp_path / 'run'))) == ('this machine ran out of memory (MemoryError: Unable to allocate '
+                              f'output buffer.); {FREE_MEMORY}')
   assert not (tmp_path / 'run').exists()
 
 
@@ -581,17 +589,18 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
   args = [CONFIG, f'--workdir={workdir}', *override_flags(
       num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
   child = (
-      'import command, runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
-      'said, fail, save = threading.Event(), command.fail, ocp.CheckpointManager.save\n'
-      'def failing(message, status, exit_now=sys.exit):  # Its line out, then train.py\'s exit.\n'
-      '  fail(message, status, exit_now=lambda code: (said.set(), exit_now(code)))\n'
+      'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
+      'from trainer import host\n'
+      'said, print_error, save = threading.Event(), host.print_error, ocp.CheckpointManager.save\n'
+      'def printed(line):  # Its line out, then train.py\'s exit.\n'
+      '  print_error(line)\n  said.set()\n'
       'def stranded():  # Reports once the run has said its line, as its exit waits for threads.\n'
       '  said.wait(120)\n  time.sleep(0.5)\n  raise RuntimeError("a stranded thread reports")\n'
       'def refused(manager, step, *args, **kwargs):\n  if step == 2:\n'
       '    threading.Thread(target=stranded).start()\n'
       f'    raise RuntimeError({THREAD_REFUSED!r})\n'
       '  return save(manager, step, *args, **kwargs)\n'
-      'command.fail, ocp.CheckpointManager.save = failing, refused\n'
+      'host.print_error, ocp.CheckpointManager.save = printed, refused\n'
       'sys.argv = sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
   out = subprocess.run([sys.executable, '-c', child, 'train.py', *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
-"""errors.py, and command.py's first step: a refused write, however the library words it, becomes
-one line naming the OS's reason; so do a library missing or unloadable and a machine out of memory
-or threads wherever a command meets them."""
+"""trainer/faults.py's lines, and a command's first step (trainer/host.py's start): a refused
+write, however the library words it, becomes one line naming the OS's reason; so do a library
+missing or unloadable and a machine out of memory or threads wherever a command meets them."""
 
 import errno
 import os
@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from command import missing_module
-from errors import clipped, library_unmapped, write_failed
+from errors import clipped
 from library_errors import THREAD_REFUSED
+from trainer.faults import line, missing_module, write_failed
 from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
@@ -32,7 +32,7 @@ TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/oc
     (ValueError('INTERNAL: something new\nand more'), 'INTERNAL: something new'),
 ])
 def test_a_refused_write_is_one_line_with_the_path_the_reason_and_the_fix(error, reason):
-  message = str(write_failed('/runs/a', error, saved=True))
+  message = (write_failed('/runs/a', error, saved=True))
   assert message == (f'cannot write /runs/a ({reason}); free space or restore access there, then '
                      'rerun the same command to resume from the newest checkpoint')
 
@@ -42,36 +42,36 @@ def test_a_refused_write_is_one_line_with_the_path_the_reason_and_the_fix(error,
     (errno.ENFILE, "close other programs: the system's open files are at its limit")])
 def test_a_write_past_the_limit_of_open_files_names_that_limit_not_space(code, fix):
   """A save's threads open files and sockets: a small `ulimit -n` (under about 20) refuses one."""
-  message = str(write_failed('/runs/a', OSError(code, os.strerror(code)), saved=False))
+  message = (write_failed('/runs/a', OSError(code, os.strerror(code)), saved=False))
   assert message == (f'cannot write /runs/a ({os.strerror(code)}); {fix}, then rerun the same '
                      'command to start again: no checkpoint is there to resume from')
 
 
 def test_a_refused_write_promises_a_checkpoint_only_when_one_was_saved():
   error = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-  assert str(write_failed('/r', error, saved=False)).endswith(
+  assert (write_failed('/r', error, saved=False)).endswith(
       'then rerun the same command to start again: no checkpoint is there to resume from')
-  assert str(write_failed('/r', error)).endswith('there, then rerun the same command')
+  assert (write_failed('/r', error)).endswith('there, then rerun the same command')
 
 
 @pytest.mark.parametrize('code', [errno.EISDIR, errno.ENOTDIR, errno.EEXIST])
 def test_a_folder_or_file_in_the_way_is_named_as_the_fix(code):
   error = OSError(code, os.strerror(code))
-  assert str(write_failed('/r/metrics.jsonl', error)) == (
+  assert (write_failed('/r/metrics.jsonl', error)) == (
       f'cannot write /r/metrics.jsonl ({os.strerror(code)}); move the folder or file in its way '
       'out of it, then rerun the same command')
 
 
 def test_a_folder_that_is_not_there_or_takes_no_files_is_named_as_the_fix():
   error = OSError(errno.ENOENT, os.strerror(errno.ENOENT))
-  assert str(write_failed('/proc/self/export', error)) == (
+  assert (write_failed('/proc/self/export', error)) == (
       'cannot write /proc/self/export (No such file or directory); make sure the folder that holds '
       'it is there and takes new files, then rerun the same command')
 
 
 def test_a_module_of_the_project_missing_is_no_set_up_line_but_a_fault_of_the_code():
-  assert missing_module(ModuleNotFoundError(name='trainer.gone')) is None
-  assert missing_module(ModuleNotFoundError(name='errors')) is None
+  assert line(ModuleNotFoundError(name='trainer.gone')) is None
+  assert line(ModuleNotFoundError(name='errors')) is None
 
 
 @pytest.mark.parametrize('prefix, base, fix', [
@@ -110,7 +110,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 ], ids=['memory', 'thread'])
 def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised, said):
   """As where memory runs out while a library is imported: the commands' excepthook says it."""
-  out = run_python(f'import command; command.start_command("stopped"); raise {raised}')
+  out = run_python(f'from trainer import host; host.start("stopped"); raise {raised}')
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
 
@@ -120,17 +120,16 @@ def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised
 # (orbax's) met by the commands' excepthook, and TensorFlow's (one it needs, by its bare name) by
 # the export's and the TFDS source's import of it.
 PAST_THE_LIMIT = (
-    'import resource, numpy, command, errors, native_logs\n'
-    'command.start_command("stopped")\n'
+    'import resource, numpy, native_logs\n'
+    'from trainer import host\n'
+    'host.start("stopped")\n'
     'held = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10\n'
     'resource.setrlimit(resource.RLIMIT_AS, (held + (8 << 20), resource.RLIM_INFINITY))\n')
 
 
 @pytest.mark.parametrize('load, library', [
     pytest.param('import tensorstore', '_tensorstore', id='excepthook'),
-    pytest.param('try:\n  native_logs.import_tensorflow_quietly()\n'
-                 'except errors.UserError as error:\n  command.fail(str(error), 1)',
-                 'libtensorflow', id='tensorflow',
+    pytest.param('native_logs.import_tensorflow_quietly()', 'libtensorflow', id='tensorflow',
                  marks=pytest.mark.slow),  # TensorFlow's import takes seconds.
 ])
 def test_a_library_past_the_memory_limit_is_one_line_naming_the_limit(load, library):
@@ -166,19 +165,20 @@ def test_a_library_the_system_will_not_load_is_said_by_its_likely_reason(monkeyp
   monkeypatch.setattr(resource, 'getrlimit', lambda _: (resource.RLIM_INFINITY,) * 2)
   wrapped = RuntimeError('a library could not be imported')
   wrapped.__cause__ = ImportError(f'{named}: failed to map segment from shared object')
-  assert library_unmapped(wrapped).startswith(said)
-  assert library_unmapped(ImportError('cannot import name "x" from "y"')) is None
+  assert line(wrapped).startswith(said)
+  assert line(ImportError('cannot import name "x" from "y"')) is None
 
 
 def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook():
-  out = run_python('import command; command.start_command("stopped"); raise ValueError("a bug")')
+  out = run_python('from trainer import host; host.start("stopped"); raise ValueError("a bug")')
   assert out.returncode == 1 and out.stderr.startswith('Traceback'), out.stderr
   assert 'ValueError: a bug' in out.stderr
 
 
 # A Ctrl-C while TensorFlow imports, its C++ notes muted: Python's line still reaches the user.
-MUTED_CTRL_C = ('import os, signal, time, command, native_logs\n'
-                'command.start_command("stopped while muted")\n'
+MUTED_CTRL_C = ('import os, signal, time, native_logs\n'
+                'from trainer import host\n'
+                'host.start("stopped while muted")\n'
                 'with native_logs.native_stderr_muted():\n'
                 '  os.write(2, b"a library log line in C++\\n")\n'
                 '  os.kill(os.getpid(), signal.SIGINT)\n'

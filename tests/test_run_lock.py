@@ -12,17 +12,19 @@ import time
 
 import pytest
 
-from errors import UserError
-from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, offline_credentials,
-                            override_flags, read_metrics, run_train)
+from errors import During, UserError
+from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, Recorder, line_of,
+                            offline_credentials, override_flags, read_metrics, run_train)
 from trainer import cloud_storage
+from trainer.host import Host
 from trainer.reporting import METRICS_FILE
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import LOCK_FILE, RunLock, this_machine
 
 HOLD = ('import sys, time; from trainer.run_dir import RunDirectory\n'
         'from trainer.run_lock import RunLock\n'
-        'with RunLock(RunDirectory(sys.argv[1]), stale_after=float((sys.argv[2:] or [120])[0])):\n'
+        'with RunLock(RunDirectory(sys.argv[1],\n'
+        '                          lock_stale_after=float((sys.argv[2:] or [120])[0]))):\n'
         '  print("held", flush=True); time.sleep(600)')
 
 
@@ -54,7 +56,7 @@ def test_a_lock_file_of_bytes_that_are_no_text_names_them_and_never_stops_a_run(
   garbage, shown = b'\xff\xfe', r'\xff\xfe'
   (tmp_path / LOCK_FILE).write_bytes(garbage)  # A lock nobody holds.
   warnings = []
-  with RunLock(RunDirectory(tmp_path), warn=warnings.append):
+  with RunLock(RunDirectory(tmp_path), Recorder(warnings.append)):
     assert (tmp_path / LOCK_FILE).read_text().startswith('host ')
   assert warnings == [f'took over the run directory {tmp_path} from a run that ended without '
                       f'releasing its lock ({shown}; that process is gone)']
@@ -73,14 +75,20 @@ def test_a_lock_file_of_bytes_that_are_no_text_names_them_and_never_stops_a_run(
 def test_a_process_that_takes_no_lock_stops_when_the_one_that_takes_it_is_refused(tmp_path):
   votes = []
 
-  # The collective, as process 1 sees it when process 0 is refused.
-  def on_every_process(ok: bool) -> bool:
-    votes.append(ok)
-    return False
+  class Process1(Host):
+    """Process 1 of a run, whose collective says process 0 was refused."""
+
+    def __init__(self) -> None:
+      super().__init__()
+      self.primary = False
+
+    def on_every_process(self, ok: bool) -> bool:
+      votes.append(ok)
+      return False
 
   with pytest.raises(UserError, match=f'process 0 found the run directory {tmp_path} in use by '
                                       'another training run'):
-    with RunLock(RunDirectory(tmp_path), enabled=False, on_every_process=on_every_process):
+    with RunLock(RunDirectory(tmp_path), Process1()):
       pass
   assert votes == [True] and not (tmp_path / LOCK_FILE).exists()
 
@@ -90,11 +98,9 @@ def test_a_full_disk_when_the_lock_is_taken_is_one_line_and_holds_nothing(tiny_d
   workdir.mkdir()
   with pytest.raises(OSError), open(tiny_disk / 'filler', 'wb') as filler:
     filler.write(bytes(4 << 20))  # Twice the disk.
-  with pytest.raises(UserError) as refused:
-    with RunLock(RunDirectory(workdir)):
-      pass
-  assert str(refused.value) == (f'cannot write {workdir / LOCK_FILE} (No space left on device); '
-                                'free space or restore access there, then rerun the same command')
+  assert line_of(lambda: held(RunLock(RunDirectory(workdir)))) == (
+      f'cannot write {workdir / LOCK_FILE} (No space left on device); free space or restore '
+      'access there, then rerun the same command')
   (tiny_disk / 'filler').unlink()
   with RunLock(RunDirectory(workdir)):  # Nothing was left holding it.
     assert (workdir / LOCK_FILE).read_text().startswith('host ')
@@ -102,7 +108,7 @@ def test_a_full_disk_when_the_lock_is_taken_is_one_line_and_holds_nothing(tiny_d
 
 def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
   warnings = []
-  with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:
+  with RunLock(RunDirectory(tmp_path), Recorder(warnings.append)) as lock:
     (tmp_path / LOCK_FILE).unlink()
     assert not lock.lost()
     assert warnings == [f'the run lock {tmp_path / LOCK_FILE} was removed while this run held it; '
@@ -119,7 +125,7 @@ def test_a_lock_file_removed_by_hand_is_taken_again_saying_so(tmp_path):
 def test_a_lock_file_copied_back_by_hand_is_this_runs_own_and_taken_again(tmp_path):
   """An editor's save, a backup restored: a new file, with this run's own text in it."""
   warnings = []
-  with RunLock(RunDirectory(tmp_path), warn=warnings.append) as lock:
+  with RunLock(RunDirectory(tmp_path), Recorder(warnings.append)) as lock:
     text = (tmp_path / LOCK_FILE).read_text()
     (tmp_path / LOCK_FILE).unlink()
     (tmp_path / LOCK_FILE).write_text(text)
@@ -189,12 +195,12 @@ def test_a_lock_whose_holder_was_killed_is_taken_over_at_once_saying_so(where, t
     kill(holder)
   warnings = []
   start = time.monotonic()
-  with RunLock(RunDirectory(workdir), warn=warnings.append):
+  with RunLock(RunDirectory(workdir), Recorder(warnings.append)):
     assert time.monotonic() - start < 10  # Not the 120 s a silent lock of another machine waits.
   assert warnings == [f'took over the run directory {workdir} from a run that ended without '
                       f'releasing its lock (host {socket.gethostname()}, pid {holder.pid}; that '
                       'process is gone)']
-  with RunLock(RunDirectory(workdir), warn=warnings.append):  # Released: nothing to say.
+  with RunLock(RunDirectory(workdir), Recorder(warnings.append)):  # Released: nothing to say.
     pass
   assert len(warnings) == 1
 
@@ -322,10 +328,10 @@ def test_on_cloud_storage_one_run_wins_and_the_lock_is_emptied_at_the_end(bucket
 def test_on_cloud_storage_the_owner_keeps_its_lock_fresh(bucket):
   workdir = f'{bucket}/run'
   # Refreshed every 0.5 s: stale only where a refresh came 1.5 s late (a loaded machine's stall).
-  with RunLock(RunDirectory(workdir), stale_after=2.0):
+  with RunLock(RunDirectory(workdir, lock_stale_after=2.0)):
     time.sleep(2.5)
     with pytest.raises(UserError, match='is in use by a training run'):
-      with RunLock(RunDirectory(workdir), stale_after=2.0):
+      with RunLock(RunDirectory(workdir, lock_stale_after=2.0)):
         pass
 
 
@@ -336,11 +342,11 @@ def test_on_cloud_storage_a_silent_lock_of_another_machine_is_taken_over_saying_
   storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').upload_from_string(
       'host elsewhere, pid 1; machine another; stale after 4 s\n')
   with pytest.raises(UserError, match='host elsewhere, pid 1; its lock was refreshed'):
-    with RunLock(RunDirectory(workdir), stale_after=4.0):  # Not silent long enough yet.
+    with RunLock(RunDirectory(workdir, lock_stale_after=4.0)):  # Not silent long enough yet.
       pass
   time.sleep(4.0)
   warnings = []
-  with RunLock(RunDirectory(workdir), stale_after=4.0, warn=warnings.append) as lock:
+  with RunLock(RunDirectory(workdir, lock_stale_after=4.0), Recorder(warnings.append)) as lock:
     lock.check()
     assert lock_text(workdir).endswith(f'pid {os.getpid()}; machine {this_machine()}; stale after '
                                        '4 s\n')
@@ -350,7 +356,7 @@ def test_on_cloud_storage_a_silent_lock_of_another_machine_is_taken_over_saying_
 
 def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
   workdir = f'{bucket}/run'
-  with RunLock(RunDirectory(workdir), stale_after=0.8) as first:
+  with RunLock(RunDirectory(workdir, lock_stale_after=0.8)) as first:
     time.sleep(0.1)
     # Another run takes the lock as if this one had been silent (its generation moved on).
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
@@ -364,7 +370,7 @@ def test_on_cloud_storage_a_run_whose_lock_was_taken_over_stops(bucket):
 
 def test_on_cloud_storage_a_lock_removed_by_hand_is_taken_again_saying_so(bucket):
   workdir, warnings = f'{bucket}/run', []
-  with RunLock(RunDirectory(workdir), stale_after=0.8, warn=warnings.append) as lock:
+  with RunLock(RunDirectory(workdir, lock_stale_after=0.8), Recorder(warnings.append)) as lock:
     from google.cloud import storage  # pylint: disable=g-import-not-at-top
     storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').delete()
     wait_until(lambda: warnings)  # A refresh finds it gone, and writes it anew.
@@ -376,11 +382,23 @@ def test_on_cloud_storage_a_lock_removed_by_hand_is_taken_again_saying_so(bucket
   assert lock_text(workdir) == ''
 
 
+def held(lock: RunLock) -> None:
+  with lock:
+    pass
+
+
+def on_the_bucket(error: BaseException, cause: BaseException | None = None) -> str:
+  """The line for `error` (raised from `cause`) met where the run first reaches gs://b/run."""
+  def reach() -> None:
+    with During('reaching', 'gs://b/run'):
+      raise error from cause
+  return line_of(reach)
+
+
 def test_a_missing_bucket_ends_in_one_line(gcs_emulator):
-  with pytest.raises(UserError, match='the bucket gs://no-such-bucket of --workdir=gs://no-such-'
-                                      'bucket/run does not exist; create it'):
-    with RunLock(RunDirectory('gs://no-such-bucket/run')):
-      pass
+  assert line_of(lambda: held(RunLock(RunDirectory('gs://no-such-bucket/run')))).startswith(
+      'the bucket gs://no-such-bucket of --workdir=gs://no-such-bucket/run does not exist; '
+      'create it')
 
 
 @pytest.mark.parametrize('error, expected', [
@@ -394,19 +412,17 @@ def test_cloud_storage_refusals_end_in_one_line_naming_the_fix(error, expected):
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
   raised = getattr(exceptions, error, None) or getattr(auth, error)
-  with pytest.raises(UserError, match=re.escape(expected)) as refusal:
-    with cloud_storage.user_errors('gs://b/run'):
-      raise raised('refused')
-  assert '\n' not in str(refusal.value)
+  said = on_the_bucket(raised('refused'))
+  assert expected in said and '\n' not in said
 
 
 def test_on_cloud_storage_a_newcomer_waits_as_long_as_the_owner_said(bucket):
   """An owner refreshing every 25 s is not taken for dead by a run that would wait only 1 s."""
   workdir = f'{bucket}/run'
-  with RunLock(RunDirectory(workdir), stale_after=100):
+  with RunLock(RunDirectory(workdir, lock_stale_after=100)):
     time.sleep(1.5)
     with pytest.raises(UserError, match='is taken over once silent for 100 s'):
-      with RunLock(RunDirectory(workdir), stale_after=1):
+      with RunLock(RunDirectory(workdir, lock_stale_after=1)):
         pass
 
 
@@ -417,7 +433,7 @@ def test_on_cloud_storage_a_lock_that_cannot_be_emptied_only_warns(bucket, monke
   def cut_off(*args, **kwargs):
     raise ConnectionError('the network is gone')
 
-  with RunLock(RunDirectory(workdir), warn=warnings.append):
+  with RunLock(RunDirectory(workdir), Recorder(warnings.append)):
     monkeypatch.setattr(storage.Blob, 'upload_from_string', cut_off)
   assert len(warnings) == 1 and 'could not release the run lock' in warnings[0]
   assert 'the next run takes it over once it is silent for 120 s' in warnings[0]
@@ -430,10 +446,10 @@ def test_on_cloud_storage_a_lock_of_bytes_that_are_no_text_waits_to_go_stale(buc
   storage.Client().bucket(bucket[len('gs://'):]).blob(f'run/{LOCK_FILE}').upload_from_string(
       b'\xff\xfe')
   with pytest.raises(UserError, match=re.escape(r'in use by a training run (\xff\xfe; its lock')):
-    with RunLock(RunDirectory(workdir), stale_after=2.0):
+    with RunLock(RunDirectory(workdir, lock_stale_after=2.0)):
       pass
   time.sleep(2.0)
-  with RunLock(RunDirectory(workdir), stale_after=2.0, warn=warnings.append):
+  with RunLock(RunDirectory(workdir, lock_stale_after=2.0), Recorder(warnings.append)):
     assert lock_text(workdir).startswith(f'host {socket.gethostname()}, pid {os.getpid()}')
   [warning] = warnings
   assert 'stopped refreshing its lock' in warning and r'(\xff\xfe)' in warning
@@ -451,9 +467,7 @@ def test_cloud_storage_out_of_reach_is_one_line_with_or_without_a_project(
     monkeypatch.setenv(name, value)
   monkeypatch.setattr(cloud_storage, 'REACH_TIMEOUT_S', 1.0)
   started = time.monotonic()
-  with pytest.raises(UserError) as refused:
-    RunDirectory('gs://b/run').make()
-  assert str(refused.value) == UNREACHABLE
+  assert line_of(RunDirectory('gs://b/run').make) == UNREACHABLE
   assert time.monotonic() - started < 20
   assert not [record for record in caplog.records if record.levelno >= logging.WARNING]
 
@@ -465,11 +479,9 @@ def test_cloud_storage_busy_or_failing_is_said_so_not_as_this_machine_s_network(
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   last = getattr(exceptions, answer)('GET https://storage.googleapis.com/storage/v1/b/b/o: We '
                                      'encountered an internal error.\n<html>a proxy\'s page</html>')
-  with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
-    if retried:
-      raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
-    raise last
-  assert str(error.value) == (
+  said = (on_the_bucket(exceptions.RetryError('Timeout of 30.0s exceeded', last), last) if retried
+          else on_the_bucket(last))
+  assert said == (
       f'Cloud Storage answered gs://b with {last.code} GET https://storage.googleapis.com/storage/'
       'v1/b/b/o: We encountered an internal error.'
       f'{" until the retries ran out" if retried else ""}: busy or failing for a while, not this '
@@ -481,9 +493,8 @@ def test_cloud_storage_out_of_reach_is_said_as_this_machine_s_network():
   from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
   last = requests.ConnectionError('Max retries exceeded')
   last.__cause__ = ConnectionRefusedError(111, 'Connection refused')
-  with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
-    raise exceptions.RetryError('Timeout of 30.0s exceeded', last) from last
-  assert str(error.value) == UNREACHABLE
+  assert on_the_bucket(exceptions.RetryError('Timeout of 30.0s exceeded', last),
+                       last) == UNREACHABLE
 
 
 def test_credentials_not_refreshed_are_said_by_why_the_refresh_failed():
@@ -498,9 +509,7 @@ def test_credentials_not_refreshed_are_said_by_why_the_refresh_failed():
                         (auth.RefreshError('500 from the token service', retryable=True), None),
                         (auth.RefreshError('invalid_grant: Token has been expired or revoked.',
                                            {'error': 'invalid_grant'}), None)):
-    with pytest.raises(UserError) as error, cloud_storage.user_errors('gs://b/run'):
-      raise raised from cause
-    lines.append(str(error.value))
+    lines.append(on_the_bucket(raised, cause))
   assert lines[0] == UNREACHABLE
   assert lines[1] == ('the Google Cloud credentials to reach gs://b could not be refreshed for now '
                       '(500 from the token service); rerun the same command later')
@@ -527,14 +536,9 @@ def test_a_bucket_answering_an_error_mid_run_is_one_line(monkeypatch, code, said
   monkeypatch.setattr(epath.Path, 'write_bytes', answered)
   monkeypatch.setattr(epath.Path, 'read_bytes', answered)
   workdir = RunDirectory('gs://b/run')
-  with pytest.raises(UserError) as writing:
-    workdir.write('metrics.jsonl', 'x')
-  assert str(writing.value).startswith(said)
-  with pytest.raises(UserError) as reading:
-    workdir.read_bytes('metrics.jsonl')
-  assert str(reading.value).startswith(said.replace('writing', 'reading'))
+  assert line_of(lambda: workdir.write('metrics.jsonl', 'x')).startswith(said)
+  assert line_of(lambda: workdir.read_bytes('metrics.jsonl')).startswith(
+      said.replace('writing', 'reading'))
   monkeypatch.setattr(type(workdir.path()), 'is_dir', answered)  # gs://'s own class.
-  with pytest.raises(UserError) as listing:
-    workdir.checkpoint_epochs()
-  assert str(listing.value).startswith(said.replace('writing gs://b/run/metrics.jsonl',
-                                                    'listing gs://b/run/'))
+  assert line_of(workdir.checkpoint_epochs).startswith(
+      said.replace('writing gs://b/run/metrics.jsonl', 'listing gs://b/run/'))

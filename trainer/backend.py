@@ -1,14 +1,11 @@
 """JAX's backend and its devices: a plugin that is missing or a device that another process holds
-(where JAX_PLATFORMS asks for it, and a TPU where JAX would fall back to the CPU), and a machine's
-limits met (memory, threads), each the user's one line rather than a traceback."""
+(where JAX_PLATFORMS asks for it, and a TPU where JAX would fall back to the CPU), each the user's
+one line rather than a traceback."""
 
-import contextlib
 import os
 import re
-from collections.abc import Iterator
 
-from errors import UserError, error_reason, first_cause, host_out_of_memory, thread_refused
-from library_errors import DEVICE_ALLOCATION, DEVICE_OUT_OF_MEMORY
+from errors import UserError
 
 # JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
 # backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
@@ -83,81 +80,3 @@ def _fix(reason: str, backend: str) -> str:
   if backend == 'cpu':  # No driver: the CPU's devices are what XLA_FLAGS asks of it.
     check = f'check XLA_FLAGS ({os.environ.get("XLA_FLAGS", "unset")})'
   return f'{check}, or {_UNSET}' if os.environ.get('JAX_PLATFORMS') else check
-
-
-def out_of_memory(error: BaseException) -> BaseException | None:
-  """The error among `error`'s causes that says memory ran out (None if none does): XLA's when it
-  could not allocate a buffer, or Python's MemoryError; a config too big for the machine, not damage
-  or a fault of the storage."""
-  import jax  # pylint: disable=g-import-not-at-top
-  return first_cause(error, lambda cause: isinstance(cause, MemoryError) or (
-      isinstance(cause, jax.errors.JaxRuntimeError)
-      and bool(DEVICE_OUT_OF_MEMORY.search(str(cause)))))
-
-
-# The fix when the device's memory runs out, by what it was doing (None: not known).
-_FIXES = {
-    'training': 'lower batch_size, num_models or model.hidden_sizes in a new --workdir',
-    'evaluating': 'lower eval_batch_size (the same command then resumes)',
-    'classifying': 'classify on the CPU (JAX_PLATFORMS=cpu; the run sets the batch)',
-    None: 'lower eval_batch_size (the same command then resumes), or batch_size, num_models or '
-          'model.hidden_sizes in a new --workdir'}
-
-
-class DeviceOutOfMemory(UserError):
-  """The device's memory ran out, said with the fix for what it was doing: said once."""
-
-
-def _device_ran_out(error: BaseException, doing: str | None) -> DeviceOutOfMemory:
-  """The line for the device out of memory while `doing`: what to lower, or a bigger device."""
-  import jax  # pylint: disable=g-import-not-at-top
-  backend = jax.default_backend()
-  device = 'this machine' if backend == 'cpu' else f'the {backend.upper()}'
-  fix = _FIXES[doing]
-  if doing == 'classifying' and backend == 'cpu':  # On the CPU already: only freed memory helps.
-    fix = 'free memory (close other programs)'
-  doing_words = f' {doing}' if doing else ''
-  return DeviceOutOfMemory(f'{device} ran out of memory{doing_words} ({_memory_reason(error)}); '
-                           f'{fix}, or use a device with more memory')
-
-
-def _memory_reason(error: BaseException) -> str:
-  """XLA's words for the memory that ran out; the allocation, where the first line does not name
-  it (a GPU's compiler's)."""
-  reason = error_reason(error)
-  allocation = DEVICE_ALLOCATION.search(str(error))
-  return allocation.group(0) if allocation and not DEVICE_ALLOCATION.search(reason) else reason
-
-
-@contextlib.contextmanager
-def device_memory_for(doing: str) -> Iterator[None]:
-  """The device's memory run out while `doing` (training, evaluating or classifying) as that one's
-  line: evaluation's fix (a smaller eval_batch_size) does nothing for training's."""
-  try:
-    yield
-  except Exception as error:  # pylint: disable=broad-except; re-raised unless memory ran out
-    memory_error = out_of_memory(error)
-    if memory_error is None or isinstance(memory_error, MemoryError):  # The host's: said outside.
-      raise
-    raise _device_ran_out(memory_error, doing) from error
-
-
-@contextlib.contextmanager
-def machine_limits_said() -> Iterator[None]:
-  """Memory that ran out, on the device or the host, or a thread the OS would not start, as the
-  user's one line: what to lower or free. Orbax's threads that such a failure stranded are the
-  exit's to end (train.py)."""
-  try:
-    yield
-  except DeviceOutOfMemory:  # Said already, where it was met (device_memory_for).
-    raise
-  except Exception as error:  # pylint: disable=broad-except; re-raised unless a limit was met
-    if line := thread_refused(error):
-      raise UserError(line) from error
-    memory_error = out_of_memory(error)
-    if memory_error is None:
-      raise
-    if isinstance(memory_error, MemoryError):
-      raise UserError(host_out_of_memory(memory_error)) from error
-    raise _device_ran_out(memory_error, None) from error
-

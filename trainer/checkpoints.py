@@ -24,12 +24,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from mlp import steps
-from errors import UserError, causes, clipped, first_cause, host_limit
+from errors import CheckpointUnreadable, SaveFailed, UserError, causes, clipped, first_cause
 from library_errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
-                            ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS,
-                            TENSORSTORE_DENIED_STATUS)
-from trainer import config_rules, processes
+                            ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS)
+from mlp import steps
+from trainer import config_fields, config_rules
+from trainer.host import Host
 from trainer.run_dir import RunDirectory
 
 STATE, META = 'state', 'meta'
@@ -245,9 +245,9 @@ class _OrbaxReports(logging.Filter):
 
 
 def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
-  """A checkpoint's JSON, read as JsonCheckpointHandler would (its errors passed on); its config
-  as trained, with the fields newer than it."""
-  with run_dir.answers_said(f'{epoch}/{META_FILE}', 'reading'):  # A bucket's: no damage.
+  """A checkpoint's JSON, read as JsonCheckpointHandler would; its config as trained, with the
+  fields newer than it: the one reader of checkpoint metadata."""
+  with run_dir.during('reading', f'{epoch}/{META_FILE}'):  # A bucket's answer: no damage.
     meta = json.loads(run_dir.path(f'{epoch}/{META_FILE}').read_text())
   if not (isinstance(meta, dict) and isinstance(meta.get('fingerprint'), str)
           and isinstance(meta.get('config'), dict) and meta['config']):
@@ -255,16 +255,21 @@ def _read_meta(run_dir: RunDirectory, epoch: int) -> dict[str, Any]:
   return {**meta, 'config': config_rules.as_trained(meta['config'])}
 
 
-def cannot_read(directory: str, epoch: int, error: BaseException) -> UserError:
-  """The line for a checkpoint that is whole but cannot be read now (no permission, an I/O
-  error): it is not damage, so nothing is set aside and the fix is the user's access or storage."""
-  # The innermost cause: orbax wraps a failed read in an Exception that names none.
-  cause = list(causes(error))[-1]
-  fix = ('let this user read its files, then rerun the same command'
-         if isinstance(cause, PermissionError) or TENSORSTORE_DENIED_STATUS in str(cause)
-         else 'rerun the same command once the storage reads again')
-  return UserError(f'cannot read the checkpoint of epoch {epoch} in {directory} ({_why(cause)}); '
-                   f'every checkpoint was left in place: {fix}')
+def _read(directory: str, epoch: int, what: str, read: Callable[[], Any]) -> Any:
+  """`read()` of a part of a checkpoint, its failure classified once: damage that can be named
+  raises _Damaged (the checkpoint is passed over); a state of another structure, the user's line;
+  anything else (no permission, an I/O error, a bucket's answer) CheckpointUnreadable: every
+  checkpoint stays in place."""
+  try:
+    return read()
+  except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
+    damage = named_damage(error)
+    if damage:
+      raise _Damaged(f'its {what} cannot be read ({damage})') from error
+    if ORBAX_TREE_MISMATCH.search(str(error)):
+      raise UserError(f'the checkpoint of epoch {epoch} in {directory} holds a state whose '
+                      f'structure does not fit this code ({_why(error)}); {OTHER_CODE}') from error
+    raise CheckpointUnreadable(directory, epoch) from error
 
 
 def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
@@ -275,33 +280,22 @@ def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
                     'ones back from a backup, or move the numbered folders away to start over')
 
 
-def _saved_configs(run_dir: RunDirectory) -> Iterator[tuple[int, dict[str, Any] | str]]:
-  """Each checkpoint's flat config, newest first, as (epoch, config), or (epoch, why) where its
-  metadata is damaged; UserError where it is whole but this user cannot read it now."""
-  for epoch in reversed(run_dir.checkpoint_epochs()):
-    try:
-      config = _read_meta(run_dir, epoch)['config']
-    except UserError:  # Cloud Storage's answer, said: the checkpoint may well be whole.
-      raise
-    except Exception as error:  # pylint: disable=broad-except; any failure means "damaged"
-      if host_limit(error):  # But the machine's memory or threads, which are said as such.
-        raise
-      if isinstance(error, OSError) and not named_damage(error):  # No permission, an I/O error.
-        raise cannot_read(run_dir.name, epoch, error) from error
-      yield epoch, f'its metadata cannot be read ({_why(error)})'
-      continue
-    yield epoch, config
+def _saved_config(run_dir: RunDirectory, epoch: int) -> dict[str, Any] | str:
+  """The flat config saved with a checkpoint, or why its metadata is damaged."""
+  try:
+    return _read(run_dir.name, epoch, 'metadata', lambda: _read_meta(run_dir, epoch))['config']
+  except _Damaged as damage:
+    return str(damage)
 
 
-def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
-  """The flat config saved with the newest checkpoint whose metadata reads: what the run trained.
-
-  None when `run_dir` holds no checkpoint; UserError when none of them can be read.
-  """
+def saved_config(run_dir: RunDirectory) -> tuple[int, dict[str, Any]] | None:
+  """The newest checkpoint whose metadata reads, and the flat config it was saved with: what the
+  run trained. None when `run_dir` holds no checkpoint; UserError when none of them can be read."""
   damaged: list[tuple[int, str]] = []
-  for epoch, found in _saved_configs(run_dir):
+  for epoch in reversed(run_dir.checkpoint_epochs()):
+    found = _saved_config(run_dir, epoch)
     if isinstance(found, dict):
-      return found
+      return epoch, found
     damaged.append((epoch, found))
   _none_restores(run_dir.name, damaged)
   return None
@@ -310,9 +304,10 @@ def saved_config(run_dir: RunDirectory) -> dict[str, Any] | None:
 def refuse_other_numbers(run_dir: RunDirectory, config: ml_collections.ConfigDict) -> None:
   """A resume whose config trains other numbers than the newest readable checkpoint's is refused
   before the data loads and anything compiles; damage is left to Checkpoints.restore."""
-  for epoch, found in _saved_configs(run_dir):
+  for epoch in reversed(run_dir.checkpoint_epochs()):
+    found = _saved_config(run_dir, epoch)
     if isinstance(found, dict):
-      config_rules.check_resumable(found, config_rules.flat_config(config),
+      config_rules.check_resumable(found, config_fields.flat_config(config),
                                    f'the checkpoint of epoch {epoch} in {run_dir.name}')
       return
 
@@ -321,29 +316,27 @@ class Checkpoints:
   """A run directory's checkpoints, a folder per saved epoch: asynchronous saves, verified restores.
 
   Every process of a multi-process run must make the same calls: orbax coordinates the writes, and
-  process 0 (`primary`) alone writes the files that are not orbax's.
+  process 0 alone writes the files that are not orbax's.
   """
 
   def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, run_key: jax.Array,
-               *, warn: Callable[[str], None], read_only: bool = False):
+               host: Host, read_only: bool = False):
     self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
-    self._run_dir, self._read_only, self._warn = run_dir, read_only, warn
-    self._primary = processes.is_primary()
-    self._config = config_rules.flat_config(config)
+    self._run_dir, self._read_only, self._host = run_dir, read_only, host
+    self._config = config_fields.flat_config(config)
     # The run's key (which a restore checks against the seed's), on the host: one copy of a
     # replicated one.
     self._run_key = np.asarray(jax.random.key_data(run_key).addressable_data(0))
     self._reports = _OrbaxReports(self.directory)  # Muting from here on: the manager reads too.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
     threads = set(threading.enumerate())
-    try:
+    with contextlib.ExitStack() as on_failure:
+      on_failure.callback(self._reports.close, abandoned=False)
       self._manager = ocp.CheckpointManager(self.directory,
-                                            handler_registry=_handlers(self._primary),
+                                            handler_registry=_handlers(host.primary),
                                             options=_options(config, read_only))
-    except BaseException:
-      self._reports.close(abandoned=False)
-      raise
+      on_failure.pop_all()
     # Its clean-up of half-written saves runs in a thread that only a save waits for: a run that
     # stops before saving waits in close(), or the exit cuts it short with orbax's traceback.
     self._cleanup = [t for t in threading.enumerate() if t not in threads and not t.daemon]
@@ -365,44 +358,43 @@ class Checkpoints:
                                        lambda index: self._run_key[index])
     tree = saved_tree(state, rng)
     # A copy of our own, for process 0's hash: the next epoch takes over the state's buffers.
-    host_tree = jax.tree.map(np.array, jax.device_get(tree)) if self._primary else None
+    host_tree = jax.tree.map(np.array, jax.device_get(tree)) if self._host.primary else None
     meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API}, host_tree)
-    with self._save_failures_said():  # Orbax raises a failed background write at the next save.
+    with self._saving():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
     self.save_pauses.append(time.perf_counter() - start)
 
   def check(self) -> None:
-    """Raises UserError if a background save has failed; does not wait for one in progress."""
+    """Raises SaveFailed if a background save has failed; does not wait for one in progress."""
     # Not check_for_errors(): it would take the error from orbax's finalize, which would then go
     # on to delete older checkpoints as if the failed save had succeeded.
     # Alone: in a multi-process run the processes could disagree on whether a save is in progress,
     # so a failure there surfaces at the next save, which all of them make together.
-    if jax.process_count() == 1 and not self._manager.is_saving_in_progress():
+    if self._host.peers is None and not self._manager.is_saving_in_progress():
       self.wait()
 
   @contextlib.contextmanager
-  def _save_failures_said(self) -> Iterator[None]:
-    """A save that failed, as the user's one line naming the checkpoint to resume from."""
+  def _saving(self, stopped: str = '') -> Iterator[None]:
+    """A save that failed (orbax passes on tensorstore's ValueError) as SaveFailed, naming the
+    checkpoints a rerun finds. The failed save's folders go: their space back, no half
+    checkpoint."""
     try:
       yield
-    except (OSError, ValueError) as error:  # Orbax passes on tensorstore's ValueError.
+    except (OSError, ValueError) as error:
       self._failed = True
-      # The failed save's folders go: their space back, no half checkpoint left.
-      if not self._read_only and self._primary:
+      if not self._read_only and self._host.primary:
         for path in ocp.path.step.all_temporary_paths(self._run_dir.path()):
           with contextlib.suppress(OSError):
             path.get().rmtree()
-      kept = self._on_disk()  # What a rerun finds: the run directory may have been removed.
-      failed = str(self._run_dir.refused_write('', error, saved=bool(kept)))
-      raise UserError(f'{failed} (epoch {kept[-1]})' if kept else failed) from error
+      raise SaveFailed(self.directory, self._on_disk(), stopped) from error
 
   def _on_disk(self) -> list[int]:
-    """The complete checkpoints in the folder, else those orbax knows of (less a failed save's)."""
-    try:
+    """The complete checkpoints in the folder, else (it cannot be listed now) those orbax knows of,
+    less a failed save's."""
+    with contextlib.suppress(OSError):
       return self._run_dir.checkpoint_epochs()
-    except OSError:  # The folder cannot be listed now: orbax's own record.
-      return self.kept_epochs()
+    return self.kept_epochs()
 
   def restore(self, template: steps.TrainState) -> Restored | None:
     """The newest checkpoint that restores and matches its fingerprint; None when there is none.
@@ -410,38 +402,60 @@ class Checkpoints:
     `template` gives the state's shapes, dtypes and shardings (jax.ShapeDtypeStruct leaves).
     Passes over only checkpoints whose damage can be named, and sets them aside unless reading
     only (each said as a warning, in Restored.warnings' words); raises UserError when the
-    checkpoints come from another config or code, when one cannot be read for another reason (a
-    transient I/O error: nothing is set aside), or when every one is damaged.
+    checkpoints come from another config or code, or when every one is damaged, and
+    CheckpointUnreadable when one cannot be read for another reason (nothing is set aside).
     """
     start = time.perf_counter()
-    processes.check_same_checkpoints(max(self.kept_epochs(), default=0))  # Orbax restores together.
+    self._host.check_same_checkpoints(max(self.kept_epochs(), default=0))  # Restored together.
     step: Any = template.step  # A ShapeDtypeStruct here.
     rng = jax.ShapeDtypeStruct(self._run_key.shape, self._run_key.dtype, sharding=step.sharding)
     target = saved_tree(template, rng)
     damaged: list[tuple[int, str]] = []
     stray = dict(self._run_dir.stray_epochs())  # Damage too: orbax would delete one, to save there.
     for epoch in sorted({*self.kept_epochs(), *stray}, reverse=True):
-      try:
-        if epoch in stray:
-          raise _Damaged(stray[epoch])
-        meta, tree = self._restore_verified(epoch, target)
-      except _Damaged as damage:
-        damaged.append((epoch, str(damage)))
+      found = stray.get(epoch) or self._restore_verified(epoch, target)
+      if isinstance(found, str):
+        self._failed = True  # Orbax may have left work behind on the damaged files.
+        damaged.append((epoch, found))
         continue
+      meta, tree = found
       state = dataclasses.replace(template, step=tree['step'], params=tree['params'],
                                   opt_state=tree['opt_state'])
       seconds = time.perf_counter() - start
       moved = () if self._read_only else tuple(self.set_aside([e for e, _ in damaged]))  # Barrier.
       restored = Restored(epoch, state, meta['config'], tuple(damaged), seconds, moved)
       for line in restored.warnings():  # The one place a restore's damage is said.
-        self._warn(line)
+        self._host.warn(line)
       return restored
     _none_restores(self.directory, damaged)
     return None
 
-  def _restore_verified(self, epoch: int, target: dict[str, Any]) -> tuple[dict[str, Any], Any]:
-    """Epoch `epoch`'s metadata and saved tree, checked against its config, fingerprint and seed."""
-    meta = self._read(epoch, 'metadata', lambda: _read_meta(self._run_dir, epoch))
+  def _restore_verified(self, epoch: int,
+                        target: dict[str, Any]) -> tuple[dict[str, Any], Any] | str:
+    """Epoch `epoch`'s metadata and saved tree, checked against its config, fingerprint and seed;
+    or why the checkpoint is damaged."""
+    try:
+      meta = _read(self.directory, epoch, 'metadata', lambda: _read_meta(self._run_dir, epoch))
+      self._check_written_here(epoch, meta)
+      # Orbax's own check for this file would take an I/O error for its absence: stat() tells.
+      _read(self.directory, epoch, 'state', self._run_dir.path(f'{epoch}/{STATE_FILE}').stat)
+      args = ocp.args.PyTreeRestore(item=target, restore_args=(
+          ocp.checkpoint_utils.construct_restore_args(target)))
+      tree = _read(self.directory, epoch, 'state', lambda: self._manager.restore(
+          epoch, args=ocp.args.Composite(**{STATE: args}))[STATE])
+    except _Damaged as damage:
+      return str(damage)
+    host = jax.device_get(tree)
+    if fingerprint(host) != meta['fingerprint']:
+      return 'its state differs from the fingerprint saved with it'
+    if not np.array_equal(host['rng'], self._run_key):  # Intact, so written by other code.
+      raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds the run key '
+                      f'{host["rng"].tolist()}, but seed {self._config["seed"]} gives this code '
+                      f'{self._run_key.tolist()}; {OTHER_CODE}')
+    return meta, tree
+
+  def _check_written_here(self, epoch: int, meta: dict[str, Any]) -> None:
+    """A checkpoint of this model, trained with the numbers of this run's config."""
     if meta.get('model') != MODEL_API:  # Only checkpoints of the Linen model lack it.
       raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds the parameters '
                       'of the Flax Linen model this app had until 2026-11, which its Flax NNX '
@@ -449,35 +463,6 @@ class Checkpoints:
                       f'the app from before (git checkout {LAST_LINEN_COMMIT})')
     config_rules.check_resumable(meta['config'], self._config,
                                  f'the checkpoint of epoch {epoch} in {self.directory}')
-    args = ocp.args.PyTreeRestore(item=target, restore_args=(
-        ocp.checkpoint_utils.construct_restore_args(target)))
-    # Orbax's own check for this file would take an I/O error for its absence: stat() tells.
-    self._read(epoch, 'state', self._run_dir.path(f'{epoch}/{STATE_FILE}').stat)
-    tree = self._read(epoch, 'state', lambda: self._manager.restore(
-        epoch, args=ocp.args.Composite(**{STATE: args}))[STATE])
-    host = jax.device_get(tree)
-    if fingerprint(host) != meta['fingerprint']:
-      raise _Damaged('its state differs from the fingerprint saved with it')
-    if not np.array_equal(host['rng'], self._run_key):  # Intact, so written by other code.
-      raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds the run key '
-                      f'{host["rng"].tolist()}, but seed {self._config["seed"]} gives this code '
-                      f'{self._run_key.tolist()}; {OTHER_CODE}')
-    return meta, tree
-
-  def _read(self, epoch: int, what: str, read: Callable[[], Any]) -> Any:
-    """`read()` of a part of a checkpoint: nameable damage raises _Damaged, the rest UserError."""
-    try:
-      return read()
-    except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
-      self._failed = True
-      damage = named_damage(error)
-      if damage:
-        raise _Damaged(f'its {what} cannot be read ({damage})') from error
-      if ORBAX_TREE_MISMATCH.search(str(error)):
-        raise UserError(f'the checkpoint of epoch {epoch} in {self.directory} holds a state whose '
-                        f'structure does not fit this code ({_why(error)}); {OTHER_CODE}'
-                        ) from error
-      raise cannot_read(self.directory, epoch, error) from error
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.
@@ -490,7 +475,7 @@ class Checkpoints:
       while self._run_dir.path(name).exists() or os.path.islink(self._run_dir.file(name)):
         suffix += 1
         name = f'{DAMAGED_PREFIX}{epoch}.{suffix}'
-      if self._primary:
+      if self._host.primary:
         self._run_dir.path(str(epoch)).rename(self._run_dir.path(name))
       moved.append(self._run_dir.file(name))
     if epochs:
@@ -498,52 +483,49 @@ class Checkpoints:
       self._manager.reload()
     return moved
 
-  def wait(self) -> None:
-    """Returns once every save started is complete on disk."""
-    with self._save_failures_said():
+  def wait(self, stopped: str = '') -> None:
+    """Returns once every save started is complete on disk; `stopped`: the signal and epoch of a
+    stop that waits for its checkpoint ('SIGTERM after epoch 2'), said where the save fails."""
+    with self._saving(stopped):
       self._manager.wait_until_finished()
 
   def _close_manager(self) -> None:
     """Closes orbax's manager, which raises now a failed deletion of an old checkpoint (no more
-    are deleted after it): every checkpoint is saved, so the user is warned of those left over."""
+    are deleted after it): every checkpoint is saved, so the user is warned of those left over.
+    Then waits for orbax's clean-up thread."""
     kept = self.kept_epochs()
     try:
-      self._manager.close()
-    except OSError as error:
+      with self._saving():
+        self._manager.close()
+    except SaveFailed as failed:
       left = [epoch for epoch in self._on_disk() if epoch not in kept]
-      if not left:
+      if not left or not isinstance(failed.__cause__, OSError):
         raise
-      self._warn(f'could not delete old checkpoints in {self.directory} ({error.strerror}): the '
-                 f'checkpoints of epochs {", ".join(map(str, left))} are still there beyond '
-                 f'max_checkpoints_to_keep={self._config["max_checkpoints_to_keep"]}; let this '
-                 'user delete them, or remove them by hand (every checkpoint was saved)')
+      self._host.warn(f'could not delete old checkpoints in {self.directory} '
+                      f'({failed.__cause__.strerror}): the checkpoints of epochs '
+                      f'{", ".join(map(str, left))} are still there beyond max_checkpoints_to_keep='
+                      f'{self._config["max_checkpoints_to_keep"]}; let this user delete them, or '
+                      'remove them by hand (every checkpoint was saved)')
+    for thread in self._cleanup:
+      thread.join()
 
   def __enter__(self) -> 'Checkpoints':
     return self
 
-  def __exit__(self, exc_type, *exc_info) -> None:
-    """Closes, where a failure to close never hides an earlier error; a lost peer's error leaves at
-    once: a save in flight waits on that peer and never ends."""
-    if processes.lost_a_peer(exc_info[0] if exc_info else None):
-      self._failed = True  # Orbax's abandoned save may still report: muted to the end.
-      return
-    if exc_type is not None and not issubclass(exc_type, Exception):
-      self._failed = True  # A Ctrl-C abandons orbax's reads and writes too: they may still report.
-    try:
+  def __exit__(self, kind: Any, error: BaseException | None, trace: Any) -> None:
+    """Closes; a failure to close never hides an error on its way out, and a lost peer's error
+    leaves at once: a save in flight waits on that peer and never ends."""
+    if error is None:
       self.close()
-    except UserError:
-      if exc_type is None:  # Else the error already on its way out is the one to report.
-        raise
+      return
+    self._failed = True  # Orbax's abandoned reads and writes may still report: muted to the end.
+    if not (self._host.peers and self._host.peers.lost_a_peer(error)):
+      with contextlib.suppress(Exception):
+        self.close()
 
   def close(self) -> None:
     """Waits for the saves (then orbax's background deletions), and stops muting its reports."""
-    try:
+    with contextlib.ExitStack() as closing:
+      closing.callback(lambda: self._reports.close(abandoned=self._failed))
+      closing.callback(self._close_manager)
       self.wait()
-    finally:
-      try:
-        with self._save_failures_said():
-          self._close_manager()
-        for thread in self._cleanup:
-          thread.join()
-      finally:
-        self._reports.close(abandoned=self._failed)

@@ -1,8 +1,13 @@
-"""The fields a config must have, by the default config's: which are missing, which no part of the
-project reads, and the one a mistyped name meant. Plain ml_collections, no JAX: a config file is
-checked as it loads, before the flags' errors are said."""
+"""A config's fields by their dotted names, the one flattening of a config (its flags, the form
+saved with each checkpoint, and back), and the fields a config must have, by the default
+config's: which are missing, which no part of the project reads, and the one a mistyped name
+meant. Plain ml_collections, no JAX: a config file is checked as it loads, before the flags' errors
+are said."""
 
 import difflib
+import json
+import shlex
+from typing import Any
 
 import ml_collections
 
@@ -11,13 +16,44 @@ from configs import default
 NAMED_AT_MOST = 4  # Fields a line names before it counts the rest.
 
 
-def field_names(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
-  """Each field's dotted name, as a flag names it (`data.distort.rotation`); no JAX to import."""
-  names = []
+def fields(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
+  """Each field by its dotted name, as a flag names it (`data.distort.rotation`), in order."""
+  flat: dict[str, Any] = {}
   for key, value in config.items():
-    is_group = isinstance(value, ml_collections.ConfigDict)
-    names += field_names(value, f'{prefix}{key}.') if is_group else [f'{prefix}{key}']
-  return names
+    if isinstance(value, ml_collections.ConfigDict):
+      flat.update(fields(value, f'{prefix}{key}.'))
+    else:
+      flat[f'{prefix}{key}'] = value
+  return flat
+
+
+def field_names(config: ml_collections.ConfigDict) -> list[str]:
+  return list(fields(config))
+
+
+def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
+  """Each field of the config as the flag that sets it to its value, for --print_config."""
+  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
+          for name, value in sorted(fields(config).items())]
+
+
+def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """Dotted field names to JSON values, the form stored with each checkpoint."""
+  return json.loads(json.dumps(fields(config)))
+
+
+def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
+  config = ml_collections.ConfigDict()
+  for name, value in flat.items():
+    *groups, leaf = name.split('.')
+    group = config
+    for key in groups:
+      if key not in group:
+        group[key] = ml_collections.ConfigDict()
+      group = group[key]
+    group[leaf] = tuple(value) if isinstance(value, list) else value
+  return config
 
 
 def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -> str | None:

@@ -1,42 +1,41 @@
-"""The config file a command line names, loaded by ml_collections: a file that cannot be read, its
-code's failures, its fields and the overrides' typos are one line each, in paths that work from
-the user's folder."""
+"""The config file a command line names, loaded as ml_collections' config_flags would (its
+`get_config()`, with the text after a colon as its argument, the config locked) but by importlib's
+exec_module, not the deprecated load_module: a file that cannot be read, its code's failures, its
+fields and the overrides' typos are one line each, in paths that work from the user's folder."""
 
 import ast
 import contextlib
-import logging
+import importlib.machinery
+import importlib.util
 import os
 import re
 import sys
 import traceback
-from collections.abc import Iterator
 from typing import Any
 
 import ml_collections
 from absl import flags
 
-from command import PROJECT_ROOT
-from errors import UserError, shown
+from errors import UsageError, UserError, shown
 from trainer.config_fields import close_field, field_names, field_problem
 
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
+MODULE_NAME = 'config_config'  # The name ml_collections gives the module of a --config file.
 
 
-class ConfigFileFailed(Exception):
+class ConfigFileFailed(UsageError):
   """The config file, or an override of its fields, gives no config: one line naming the fix."""
 
 
 class ConfigFileParser(flags.ArgumentParser):
-  """ml_collections' own loader, and what it leaves to a traceback: a file that cannot be read, the
-  file's code failing, a field it lacks, an override naming no field (ml_collections applies them
-  next)."""
-
-  def __init__(self, loader: flags.ArgumentParser):
-    self.loader = loader
+  """The parser of --config (ml_collections applies the overrides next): what it would leave to a
+  traceback is one line: a file that cannot be read, the file's code failing, a field it lacks, an
+  override naming no field."""
 
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     file = os.path.abspath(argument.split(':', 1)[0])
-    config = _load(self.loader, argument, file)
+    config = _load(argument, file)
     problem = (field_problem(config, f'the config file {file}') or
                override_problem(config, self.overridden()))
     if problem:
@@ -58,24 +57,29 @@ class ConfigFileParser(flags.ArgumentParser):
     return given
 
   def flag_type(self) -> str:
-    return self.loader.flag_type()
+    return 'config object'
 
 
-def _load(loader: flags.ArgumentParser, argument: str, file: str) -> ml_collections.ConfigDict:
-  """The config the file's get_config() returns, or its one line as ConfigFileFailed."""
+def _load(argument: str, file: str) -> ml_collections.ConfigDict:
+  """The config the file's get_config() returns, locked, or its one line as ConfigFileFailed."""
   unreadable = _unreadable(argument)
   if unreadable:
     raise ConfigFileFailed(unreadable)
+  path, *splits = argument.split(':', 1)
+  loader = importlib.machinery.SourceFileLoader(MODULE_NAME, path)
+  spec = importlib.util.spec_from_loader(MODULE_NAME, loader)
+  assert spec is not None, 'a source file loader gives a spec'
+  module = importlib.util.module_from_spec(spec)
   try:
-    with _loader_logs_muted():  # Its warning of a get_config() that returned None: said below.
-      config = loader.parse(argument)
-    if config is not None:  # ml_collections defers the file's OSError to the config's first use.
-      config.keys()
+    loader.exec_module(module)
+    config = module.get_config(*splits)
   except Exception as error:  # The config file is user code: any failure in it is theirs to fix.
-    raise ConfigFileFailed(_config_file_failure(_raised_by_the_file(error), file)) from None
+    raise ConfigFileFailed(_config_file_failure(error, file)) from None
   if config is None:
     raise ConfigFileFailed(f'get_config() of the config file {file} returned None; return the '
                            'ml_collections.ConfigDict it builds')
+  if isinstance(config, ml_collections.ConfigDict):
+    config.lock()
   return config
 
 
@@ -94,16 +98,6 @@ def _unreadable(argument: str) -> str | None:
   except OSError as error:
     return (f'cannot read the config file {os.path.abspath(path)} ({error.strerror or error}); '
             f'{pass_a_config()}')
-
-
-def _raised_by_the_file(error: Exception) -> BaseException:
-  """What the config file's code raised, out of ml_collections' wrapping: it re-raises a TypeError
-  or ValueError with the traceback as its message, and an OSError at the config's first use."""
-  if 'Error whilst parsing' in str(error) and error.__context__ is not None:
-    return error.__context__
-  if isinstance(error, OSError) and error.__cause__ is not None:
-    return error.__cause__
-  return error
 
 
 def default_config_flag() -> str:
@@ -135,18 +129,6 @@ def _config_file_failure(cause: BaseException, file: str) -> str:
           f'fix it, or pass {default_config_flag()}')
 
 
-@contextlib.contextmanager
-def _loader_logs_muted() -> Iterator[None]:
-  """Drops ml_collections' log records about loading a config file: this module words them."""
-  muted = lambda record: not record.pathname.endswith('config_flags.py')
-  absl_logger = logging.getLogger('absl')
-  absl_logger.addFilter(muted)
-  try:
-    yield
-  finally:
-    absl_logger.removeFilter(muted)
-
-
 def override_problem(config: ml_collections.ConfigDict,
                      overridden: list[tuple[str, str | None]]) -> str | None:
   """The line for an override that names no field of the config, or a group of fields, or gives a
@@ -174,7 +156,6 @@ def override_problem(config: ml_collections.ConfigDict,
 
 def _literal(text: str | None) -> Any:
   """The Python literal an override's text writes, or None where it writes none."""
-  try:
+  with contextlib.suppress(ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
     return ast.literal_eval(text) if text is not None else None
-  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-    return None
+  return None

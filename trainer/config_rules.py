@@ -2,15 +2,12 @@
 named), and the fields a resumed run may change; the flat form saved with each checkpoint."""
 
 import dataclasses
-import json
 import math
 import numbers
-import shlex
 from collections.abc import Callable
 from typing import Any
 
 import ml_collections
-from flax import traverse_util
 
 from data.mnist import SOURCES
 from data.splits import parse_split
@@ -18,7 +15,7 @@ from errors import ConfigError, UserError
 from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
-from trainer.config_fields import field_problem
+from trainer.config_fields import field_problem, fields
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
@@ -151,28 +148,6 @@ def settings_to_warn_of(config: ml_collections.ConfigDict) -> list[str]:
                  f'{config.learning_rate} only at the last step' +
                  (', and never decays' if config.schedule == 'cosine' else ''))
   return notes
-
-
-def fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Each field by its dotted name, as a flag names it: `data.distort.rotation`."""
-  return traverse_util.flatten_dict(config.to_dict(), sep='.')
-
-
-def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
-  """Each field of the config as the flag that sets it to its value, for --print_config."""
-  return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
-          for name, value in sorted(fields(config).items())]
-
-
-def flat_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """Dotted field names to JSON values, the form stored with each checkpoint."""
-  return json.loads(json.dumps(fields(config)))
-
-
-def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
-  """The config a checkpoint was saved with, rebuilt from its flat form (lists back to tuples)."""
-  return ml_collections.ConfigDict(traverse_util.unflatten_dict(
-      {name: tuple(v) if isinstance(v, list) else v for name, v in flat.items()}, sep='.'))
 
 
 def as_trained(saved: dict[str, Any]) -> dict[str, Any]:

@@ -1,13 +1,14 @@
-"""Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard."""
+"""Every line a run prints and every record it writes: metrics.jsonl, eval.jsonl, TensorBoard. The
+records are built and read here alone: an epoch's `train_*` and `eval_*` figures (of members, also
+each one's `*_by_member` and their `eval_ensemble_*`), its timings and learning rate."""
 
 import contextlib
 import io
 import json
 import socket
-import sys
 import time
 from collections.abc import Iterator
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -18,8 +19,11 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from errors import say
+from trainer.host import Host
 from trainer.run_dir import RunDirectory
+
+if TYPE_CHECKING:
+  from trainer.run import Run
 
 METRICS_FILE = 'metrics.jsonl'
 # TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.
@@ -36,6 +40,34 @@ def format_duration(seconds: float) -> str:
     return f'{minutes}m{seconds:02d}s'
   hours, minutes = divmod(minutes, 60)
   return f'{hours}h{minutes:02d}m'
+
+
+def epoch_record(epoch: int, trained: dict[str, Any], evaluated: dict[str, Any],
+                 timing: tuple[float, float, int], learning_rate: float) -> dict[str, Any]:
+  """An epoch's record: its figures, its `timing` (seconds in all, seconds training, images
+  trained), its learning rate."""
+  seconds, train_seconds, images = timing
+  return {'epoch': epoch, **_prefixed('train', trained), **_prefixed('eval', evaluated),
+          'epoch_seconds': seconds, 'train_images_per_second': images / train_seconds,
+          'learning_rate': learning_rate}
+
+
+def evaluation_record(epoch: int, split: str, evaluated: dict[str, Any],
+                      per_digit: list[float | None]) -> dict[str, Any]:
+  """A checkpoint scored on the eval split: a record of eval.jsonl."""
+  return {'epoch': epoch, 'eval_split': split, **_prefixed('eval', evaluated),
+          'eval_accuracy_per_digit': per_digit}
+
+
+def _prefixed(split: str, figures: dict[str, Any]) -> dict[str, Any]:
+  """A pass's figures as a record names them: `eval_loss`, `eval_ensemble_accuracy`."""
+  return {f'{split}_{name}': value for name, value in figures.items()}
+
+
+def evaluated_again(recorded: dict[str, Any], evaluated: dict[str, Any]) -> dict[str, Any]:
+  """A recorded epoch with the eval figures of an evaluation now (of this run's eval split)."""
+  return {**recorded, **{name: value for name, value in evaluated.items()
+                         if name in recorded and name.startswith('eval_')}}
 
 
 def members_part(record: dict[str, Any], split: str = 'eval') -> str:
@@ -109,23 +141,7 @@ def keep_records_through(run_dir: RunDirectory, epoch: int) -> list[dict]:
 
 def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> None:
   """The whole file anew: an object store cannot append, and a reader never sees half a line."""
-  with _refusal_said(run_dir, name):
-    run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
-
-
-def warn(message: str, enabled: bool = True) -> None:
-  """Something the user should know that does not stop the run: one line on stderr."""
-  if enabled:
-    say(f'warning: {message}', sys.stderr)
-
-
-@contextlib.contextmanager
-def _refusal_said(run_dir: RunDirectory, name: str = '') -> Iterator[None]:
-  """Turns a refused write of `name` in the run directory into the user's one line."""
-  try:
-    yield
-  except OSError as error:
-    raise run_dir.refused_write(name, error) from error
+  run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
 
 
 class _EventsFile:
@@ -143,38 +159,33 @@ class _EventsFile:
     event.wall_time = time.time()
     framed = io.BytesIO()
     RecordWriter(framed).write(event.SerializeToString())
-    with _refusal_said(self._run_dir, self._name):
-      if self._run_dir.remote:
-        self._whole += framed.getvalue()
-        self._run_dir.write(self._name, self._whole)
-      else:
-        self._run_dir.append(self._name, framed.getvalue())
+    if self._run_dir.remote:
+      self._whole += framed.getvalue()
+      self._run_dir.write(self._name, self._whole)
+    else:
+      self._run_dir.append(self._name, framed.getvalue())
 
 
 class Reporter:
-  """The run's one voice: log lines, warnings, and the run directory's metrics and events.
+  """The run's one voice: log lines, and the run directory's metrics and events.
 
   metrics.jsonl is the record of truth: `start(epoch)` drops its lines past `epoch`, and has
   TensorBoard drop its events past `epoch` too, the way SummaryWriter(purge_step=) does.
-  In a multi-process run only process 0 reports (`Reporter.of`): the others compute the same
-  records and say nothing, so there is one set of files and one log.
+  In a multi-process run process 0 alone says and writes (the host decides): the others compute
+  the same records, so there is one set of files and one log.
   """
 
-  def __init__(self, run_dir: RunDirectory, num_epochs: int, stream: TextIO | None = None):
-    self._run_dir = run_dir
+  def __init__(self, run_dir: RunDirectory, num_epochs: int, host: Host):
+    self._run_dir, self._num_epochs, self._host = run_dir, num_epochs, host
+    self._writes = host.primary
     self._records: list[dict] = []
-    self._num_epochs = num_epochs
-    self._stream = stream or sys.stdout
     self._seconds: list[float] = []
     self._events: _EventsFile | None = None
 
-  @staticmethod
-  def of(run_dir: RunDirectory, num_epochs: int, primary: bool) -> 'Reporter':
-    """Process 0's reporter (`primary`), or another process's, which says and writes nothing."""
-    return Reporter(run_dir, num_epochs) if primary else _Silent(run_dir, num_epochs)
-
   def start(self, start_epoch: int) -> None:
     """Opens the files for epochs after `start_epoch`, dropping any record past it."""
+    if not self._writes:
+      return
     self._records = keep_records_through(self._run_dir, start_epoch)
     # The suffix keeps a run resumed in the same second from overwriting the last one's events.
     self._events = _EventsFile(self._run_dir, f'.from-epoch-{start_epoch}')
@@ -184,24 +195,26 @@ class Reporter:
 
   def write(self, record: dict[str, Any]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
-    self._records.append(record)
-    _write_records(self._run_dir, METRICS_FILE, self._records)
-    assert self._events is not None, 'written after start()'
-    self._events.write(Event(step=int(record['epoch']), summary=Summary(value=[
-        Summary.Value(tag=tag, simple_value=value) for tag, value in scalars(record)])))
     self._seconds.append(record['epoch_seconds'])
     remaining = self._num_epochs - int(record['epoch'])
     eta = remaining * sum(self._seconds) / len(self._seconds)
-    say(format_line(record, self._num_epochs, eta), self._stream)
+    if self._writes:
+      self._records.append(record)
+      _write_records(self._run_dir, METRICS_FILE, self._records)
+      assert self._events is not None, 'written after start()'
+      self._events.write(Event(step=int(record['epoch']), summary=Summary(value=[
+          Summary.Value(tag=tag, simple_value=value) for tag, value in scalars(record)])))
+    self.log(format_line(record, self._num_epochs, eta))
 
   def pictures(self, pictures: dict[str, np.ndarray], epoch: int) -> None:
     """Each picture (uint8 [H, W, 3]) as NAME.png in the run directory and a TensorBoard image."""
+    if not self._writes:
+      return
     images = []
     for name, pixels in pictures.items():
       png = io.BytesIO()
       Image.fromarray(pixels).save(png, format='PNG')
-      with _refusal_said(self._run_dir, f'{name}.png'):
-        self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
+      self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
       height, width, channels = pixels.shape
       images.append(Summary.Value(tag=name, image=Summary.Image(
           height=height, width=width, colorspace=channels, encoded_image_string=png.getvalue())))
@@ -212,11 +225,11 @@ class Reporter:
   @contextlib.contextmanager
   def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
     """Traces what runs inside with jax.profiler into the run directory (TensorBoard, Perfetto)."""
-    if not wanted:
+    if not (wanted and self._writes):
       yield
       return
-    with _refusal_said(self._run_dir), jax.profiler.trace(str(self._run_dir),
-                                                          create_perfetto_trace=True):
+    with self._run_dir.during('writing'), jax.profiler.trace(str(self._run_dir),
+                                                             create_perfetto_trace=True):
       yield
     traces = sorted(self._run_dir.path().glob('plugins/profile/*'))
     self.log(f'traced epoch {epoch} into {traces[-1]} (TensorBoard\'s profile tab with '
@@ -224,10 +237,7 @@ class Reporter:
              'it; or its perfetto_trace.json.gz in ui.perfetto.dev)')
 
   def log(self, message: str) -> None:
-    say(message, self._stream)
-
-  def warn(self, message: str) -> None:
-    warn(message)
+    self._host.say(message)
 
   def recorded(self, epoch: int) -> dict | None:
     """The newest metrics.jsonl record of `epoch` (kept by start()), if there is one."""
@@ -236,20 +246,29 @@ class Reporter:
 
   def evaluation(self, record: dict) -> None:
     """An evaluated checkpoint: one line in eval.jsonl and one on the console."""
-    _write_records(self._run_dir, EVAL_FILE, [*read_records(self._run_dir, EVAL_FILE), record])
+    if self._writes:
+      _write_records(self._run_dir, EVAL_FILE, [*read_records(self._run_dir, EVAL_FILE), record])
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%'
              f'{members_part(record)}')
 
+  def finished(self, record: dict[str, Any], save_pauses: list[float], seed: int) -> None:
+    """The end of a run: its members' summary (their seeds from `seed`), where the last checkpoint
+    is, and how long saves held training up."""
+    if 'eval_accuracy_by_member' in record:
+      self.log(members_summary(record, seed))
+    pauses = sorted(save_pauses)
+    self.log(f'saved the checkpoint of epoch {self._num_epochs} in {self._run_dir} (training '
+             f'paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; orbax writes in '
+             'the background)')
 
-class _Silent(Reporter):
-  """The reporter of every process but process 0: it writes no file and says nothing."""
 
-  def _nothing(self, *args: Any, **kwargs: Any) -> None:
-    """What process 0's reporter writes or says, here nothing."""
-
-  start = write = pictures = log = warn = recorded = evaluation = _nothing
-
-  @contextlib.contextmanager
-  def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
-    yield
+def start_line(run: 'Run') -> str:
+  """What trains, where and how."""
+  config, programs = run.config, run.programs
+  assert programs.train_data is not None, 'a training run'
+  return (f'training on {len(programs.train_data[1]):,} images ({config.data.train_split}), '
+          f'evaluating on {len(run.eval):,} ({config.data.eval_split}); '
+          f'{programs.steps_per_epoch} steps of {config.batch_size} per epoch in {config.dtype}, '
+          f'matmul precision {config.matmul_precision}, {programs.placement}; '
+          f'compiled in {programs.compile_seconds:.1f}s')

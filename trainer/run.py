@@ -1,305 +1,89 @@
-"""What a run is, built once: its config's epochs on the devices (a device mesh, its recipe as mlp/
-takes it, its keys, and the per-device epoch compiled over the mesh by jit, shard_map or pmap, over
-data resident there), and its run directory's lock, reporter and checkpoints."""
+"""What a run is, built once: by `open_run` to train or evaluate it (its config and directory, its
+compiled programs, and the objects that write its outputs: the lock, the reporter, the
+checkpoints), by `open_saved` to classify with it (its checkpoints, read on one device). Every
+restore goes through Saved.restore()."""
 
 import contextlib
 import dataclasses
-import functools
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Iterator
 
-import jax
 import ml_collections
-import numpy as np
-import optax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples, load_splits
-from errors import ConfigError
-from mlp import augment, batches, epoch, optim, randomness, steps
-from mlp.model import MLP
-from trainer import processes
-from trainer.backend import device_memory_for, machine_limits_said
-from trainer.checkpoints import Checkpoints, refuse_other_numbers
+from mlp import steps
+from trainer.checkpoints import Checkpoints, Restored, refuse_other_numbers
+from trainer.host import Host
+from trainer.programs import (Programs, compile_programs, keys_of, make_mesh, mode_and_mesh,
+                              recipe_of, state_template)
 from trainer.reporting import Reporter
 from trainer.run_dir import RunDirectory
-from trainer.run_lock import STALE_AFTER_S, RunLock
-
-AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
-
-
-def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_count: int) -> str:
-  """'jit', 'mesh' or 'pmap' for the config on this many devices and processes, or a UserError."""
-  wanted, mode = config.num_devices, config.parallel
-  if wanted and wanted != device_count:
-    raise ConfigError('num_devices', f'must match the {device_count} '
-                      f'device{"s" if device_count > 1 else ""} present', wanted, '0')
-  if mode == 'auto':
-    mode = 'mesh' if device_count > 1 else 'jit'
-  if mode in ('jit', 'pmap') and process_count > 1:
-    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes'
-                      f'{" (pmap runs in one)" if mode == "pmap" else ""}', mode, 'mesh')
-  if mode == 'jit' and wanted > 1:
-    raise ConfigError('parallel', 'must be mesh or pmap (or auto) to train on '
-                      f'num_devices={wanted}', mode, 'mesh')
-  if mode != 'jit':
-    for name in ('batch_size', 'eval_batch_size'):
-      if config[name] % device_count:
-        multiple = -(-config[name] // device_count) * device_count
-        raise ConfigError(name, f'must divide evenly over {device_count} devices', config[name],
-                          str(multiple))
-  return mode
-
-
-def mode_and_mesh(config: ml_collections.ConfigDict) -> tuple[str, Mesh]:
-  """The config's mode ('jit', 'mesh' or 'pmap') and mesh here; a UserError when the config and the
-  devices disagree."""
-  mode = choose_mode(config, jax.device_count(), jax.process_count())
-  return mode, make_mesh(mode)
-
-
-def make_mesh(mode: str) -> Mesh:
-  """The `data` axis over every device of every process; one device for jit."""
-  devices = jax.devices()[:1] if mode == 'jit' else jax.devices()
-  # Auto axes, as Mesh's own default: the epochs are written for them, not for explicit sharding.
-  return jax.make_mesh((len(devices),), (AXIS,), (AxisType.Auto,), devices=devices)
-
-
-def replicate(tree: Any, mesh: Mesh) -> Any:
-  """Host or single-device values as global arrays, one full copy on every device of the mesh."""
-  sharding = NamedSharding(mesh, P())
-
-  def to_mesh(leaf):
-    if jax.dtypes.issubdtype(getattr(leaf, 'dtype', None), jax.dtypes.prng_key):
-      return jax.random.wrap_key_data(to_mesh(jax.random.key_data(leaf)))
-    # A Python number (the fresh step) takes JAX's dtype for it: int32, not NumPy's int64.
-    host = np.asarray(leaf)
-    host = host.astype(jax.dtypes.canonicalize_dtype(host.dtype), copy=False)
-    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
-
-  return jax.tree.map(to_mesh, tree)
-
-
-def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: bool) -> Callable:
-  """The per-device function as one compiled program for the whole mesh: replicated in and out."""
-  donated = (0,) if donate else ()
-  if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
-    mapped = jax.pmap(lambda _, first, rest: per_device(first, *rest), AXIS,
-                      in_axes=(0, None, None), out_axes=None, devices=list(mesh.devices.flat),
-                      donate_argnums=(1,) if donate else ())  # `first`: the state.
-    index = jax.device_put(np.arange(mesh.size), NamedSharding(mesh, P(AXIS)))
-    compiled = mapped.lower(index, args[0], args[1:]).compile()
-    return lambda first, *rest: compiled(index, first, rest)
-  if mode == 'mesh':
-    # check_vma=False keeps pmap's meaning of the per-device code: jax.grad of replicated params
-    # is each device's own gradient, which train_step averages with pmean. (With varying-axis
-    # checks, grad would already sum over devices, and the pmean would leave Adam's moments 8x.)
-    per_device = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(),
-                               check_vma=False)
-  return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
-
-
-def epoch_spec(config: ml_collections.ConfigDict, axis: str | None) -> epoch.EpochSpec:
-  """The one map from a config to how an epoch trains: its batches, augmentation and loss."""
-  return epoch.EpochSpec(config.batch_size, config.data.max_shift,
-                         augment.Distortion(**config.data.distort), axis, config.label_smoothing)
-
-
-class Learning(NamedTuple):
-  """The config's recipe as the plain values mlp/ takes: mlp/ knows nothing of configs."""
-  model: Callable[..., MLP]  # Builds the model, given its nnx.Rngs.
-  schedule: optax.Schedule
-  optimizer: optax.GradientTransformation
-
-
-def learning(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Learning:
-  """The one map from a config to the model, the learning-rate schedule and the optimizer."""
-  total = max(config.num_epochs * steps_per_epoch, 1)
-  warmup = min(int(round(config.warmup_epochs * steps_per_epoch)), total - 1)
-  schedule = optim.learning_rate_schedule(config.learning_rate, config.schedule, warmup, total)
-  model = functools.partial(MLP, tuple(config.model.hidden_sizes),
-                            dropout_rate=config.model.dropout_rate, dtype=config.dtype)
-  return Learning(model, schedule, optim.make_optimizer(config.optimizer, schedule,
-                                                        config.weight_decay, config.momentum))
-
-
-def create_state(recipe: Learning, key: jax.Array) -> steps.TrainState:
-  """Step 0 of the recipe: the model initialized from `key`, and its optimizer's state; from keys
-  stacked [M], M members' states stacked."""
-  create = functools.partial(steps.create_train_state, recipe.model, recipe.optimizer)
-  return create(key) if key.ndim == 0 else jax.vmap(create)(key)
-
-
-def keys_of(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
-  """The run's init and run keys: its seed's, or with num_models > 1, member k's from seed + k,
-  stacked."""
-  if config.num_models == 1:
-    return randomness.run_keys(config.seed)
-  return randomness.member_keys(config.seed, config.num_models)
-
-
-def template_of(recipe: Learning, mesh: Mesh, num_models: int = 1) -> steps.TrainState:
-  """The recipe's state as shapes, dtypes and replicated sharding, computed without creating it."""
-  keys = jax.random.key(0) if num_models == 1 else jax.random.split(jax.random.key(0), num_models)
-  abstract = jax.eval_shape(functools.partial(create_state, recipe), keys)
-  sharding = NamedSharding(mesh, P())
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                      abstract)
-
-
-def state_template(config: ml_collections.ConfigDict, mesh: Mesh) -> steps.TrainState:
-  """The state a checkpoint of the config restores into, for its parameters (the schedule's length
-  aside: one step an epoch), on the mesh: shapes, dtypes, sharding."""
-  return template_of(learning(config, 1), mesh, config.num_models)
-
-
-def figures(sums: dict[str, Any]) -> dict[str, Any]:
-  """Host metric sums as loss and accuracy; of members ([M] sums), the members' means, and each
-  member's in `loss_by_member` and `accuracy_by_member`."""
-  if np.ndim(sums['count']) == 0:
-    return steps.summarize(sums)
-  each = [steps.summarize({k: v[m] for k, v in sums.items()}) for m in range(len(sums['count']))]
-  losses, accuracies = [e['loss'] for e in each], [e['accuracy'] for e in each]
-  return {'loss': sum(losses) / len(losses), 'accuracy': sum(accuracies) / len(accuracies),
-          'loss_by_member': losses, 'accuracy_by_member': accuracies}
+from trainer.run_lock import RunLock
 
 
 @dataclasses.dataclass(frozen=True)
-class Epochs:
-  """A config's epochs on its devices, built once by `compile_epochs`, global arrays in and out,
-  replicated; no state: an epoch consumes (donates) the state it starts from."""
-  mesh: Mesh
-  learning: Learning
-  init_key: jax.Array  # Initializes a fresh model (members: one key each, stacked).
-  run_key: jax.Array  # On the mesh: drives every epoch's order, dropout and shifts (each member's).
-  train_data: epoch.Data | None  # None when only evaluating.
-  eval_data: epoch.Data
-  steps_per_epoch: int  # Training steps per epoch; 0 when only evaluating.
-  template: steps.TrainState  # The state's shapes, dtypes and sharding: what restores into.
-  train_program: Callable[..., tuple[Any, Any]] | None  # (state, data, run_key, epoch) -> ...
-  eval_program: Callable[..., Any]  # (state, data) -> sums
-  placement: str  # For the log: how and where the epochs run.
-  compile_seconds: float
-
-  def fresh_state(self) -> steps.TrainState:
-    """Step 0 of the run, on the mesh."""
-    # One compiled program, its result born replicated on the mesh (eager init takes seconds).
-    create = jax.jit(functools.partial(create_state, self.learning),
-                     out_shardings=NamedSharding(self.mesh, P()))
-    with device_memory_for('training'):  # The parameters and optimizer state of every member.
-      return create(self.init_key)
-
-  def train_epoch(self, state: steps.TrainState,
-                  number: int) -> tuple[steps.TrainState, dict[str, Any]]:
-    """Epoch `number` from `state` (which it consumes); the new state and its host metrics (of
-    members, their means and each one's: `figures`)."""
-    assert self.train_program is not None and self.train_data is not None, 'built to evaluate'
-    with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
-      number_on_mesh = replicate(np.int32(number), self.mesh)
-    with device_memory_for('training'):
-      state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
-      sums = jax.device_get(sums)
-    return state, figures(sums)
-
-  def evaluate(self, state: steps.TrainState) -> dict[str, Any]:
-    """The eval split's mean loss and accuracy for `state`; of members, also each one's and their
-    ensemble's (`ensemble_loss`, `ensemble_accuracy`)."""
-    with device_memory_for('evaluating'):
-      sums = jax.device_get(self.eval_program(state, self.eval_data))
-    if isinstance(sums, dict):
-      return figures(sums)
-    members, ensemble = sums
-    together = steps.summarize(ensemble)
-    return {**figures(members), **{f'ensemble_{k}': v for k, v in together.items()}}
-
-  def learning_rate(self, epoch: int) -> float:
-    """The rate of the epoch's last update, whose optimizer count was the number of updates
-    before."""
-    return float(self.learning.schedule(epoch * self.steps_per_epoch - 1))
-
-
-def compile_epochs(config: ml_collections.ConfigDict, train: Examples | None,
-                   evaluation: Examples, where: tuple[str, Mesh] | None = None) -> Epochs:
-  """The config's epochs on its devices (`where`: its mode and mesh, if known): keys, data on the
-  mesh, the programs compiled ahead (so that epochs time training alone); without `train`, the
-  evaluation alone."""
-  start = time.perf_counter()
-  mode, mesh = where or mode_and_mesh(config)
-  steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
-  recipe = learning(config, steps_per_epoch or 1)
-  init_key, run_key = keys_of(config)
-  run_key, template = replicate(run_key, mesh), template_of(recipe, mesh, config.num_models)
-  on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
-  train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(evaluation)
-  axis = None if mode == 'jit' else AXIS
-  train_program, (train_fn, evaluate_fn) = None, (
-      (epoch.train_epoch, epoch.evaluate) if config.num_models == 1 else
-      (epoch.train_members, epoch.evaluate_members))  # One model, or members side by side.
-  with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
-    if train_data is not None:
-      number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
-      with device_memory_for('training'):  # A GPU's compiler tries kernels in device memory.
-        train_program = _compile(functools.partial(train_fn, spec=epoch_spec(config, axis)),
-                                 mesh, mode, (template, train_data, run_key, number), donate=True)
-    with device_memory_for('evaluating'):
-      eval_program = _compile(functools.partial(evaluate_fn, batch_size=config.eval_batch_size,
-                                                axis_name=axis), mesh, mode,
-                              (template, eval_data), donate=False)
-  return Epochs(mesh, recipe, init_key, run_key, train_data, eval_data, steps_per_epoch,
-                template, train_program, eval_program, _placement(config, mode, mesh),
-                time.perf_counter() - start)
-
-
-def _placement(config: ml_collections.ConfigDict, mode: str, mesh: Mesh) -> str:
-  """How and where the epochs run, for the log."""
-  across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
-  per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
-  members = (f'; {config.num_models} models side by side (seeds {config.seed} to '
-             f'{config.seed + config.num_models - 1})' if config.num_models > 1 else '')
-  return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
-          f'{across}{per_device}{members}')
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-  """What a run is, built once by `open_run` and handed whole to the loop and the evaluation: its
-  config and directory, its epochs on the devices, and the objects that write its outputs."""
+class Saved:
+  """A run's checkpoints and the state they restore into: what every use of a run reads."""
   config: ml_collections.ConfigDict
   run_dir: RunDirectory
-  eval: Examples  # On the host as well: its pictures are drawn there.
-  epochs: Epochs
-  reporter: Reporter  # Silent on every process but process 0.
+  host: Host
+  template: steps.TrainState  # The state's shapes, dtypes and sharding: what restores into.
   checkpoints: Checkpoints
-  lock: RunLock | None  # None when only evaluating: a live run's files are only read.
+
+  def restore(self) -> Restored | None:
+    """The newest checkpoint that restores and verifies (the damaged passed over), or None."""
+    return self.checkpoints.restore(self.template)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run(Saved):
+  """A run to train or evaluate, built once by `open_run` and handed whole to the loop and the
+  evaluation."""
+  programs: Programs
+  eval: Examples  # On the host as well: its pictures are drawn there.
+  reporter: Reporter  # Silent on every process but process 0.
+  lock: RunLock | None  # Held when training; None when only evaluating: a live run's files stay.
 
 
 @contextlib.contextmanager
-def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory,
-             lock_stale_after: float = STALE_AFTER_S, evaluate_only: bool = False) -> Iterator[Run]:
+def open_saved(config: ml_collections.ConfigDict, run_dir: RunDirectory,
+               host: Host) -> Iterator[Saved]:
+  """A run's checkpoints, read on one device whatever the run trained on (predict.py, export.py)."""
+  run_dir.check_usable()
+  template = state_template(recipe_of(config, 1), make_mesh('jit'), config.num_models)
+  with Checkpoints(run_dir, config, keys_of(config)[1], host, read_only=True) as checkpoints:
+    yield Saved(config, run_dir, host, template, checkpoints)
+
+
+def _examples(config: ml_collections.ConfigDict,
+              evaluate_only: bool) -> tuple[Examples | None, Examples]:
+  """The training split (None when only evaluating) and the eval split."""
+  if evaluate_only:
+    return None, load_splits(config.data, config.data.eval_split)[0]
+  train, eval_examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
+  return train, eval_examples
+
+
+@contextlib.contextmanager
+def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
+             evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
+  where = mode_and_mesh(config)  # Checks the devices against the config before any work.
+  # On a bucket the first touch stays make()'s: the client of the lock words a refusal (no
+  # credentials, no permission, no network) in one line, where gcsfs would log its retries.
+  if not (evaluate_only or run_dir.remote):
+    run_dir.check_usable()  # A folder this user may not list is said before its checkpoints.
+    refuse_other_numbers(run_dir, config)
+  train, eval_examples = _examples(config, evaluate_only)
+  reporter = Reporter(run_dir, config.num_epochs, host)
+  if host.primary:
+    run_dir.make()  # Before the lock, whose file is in it.
   with contextlib.ExitStack() as stack:
-    stack.enter_context(machine_limits_said())  # Entered first: said once the rest has closed.
-    where = mode_and_mesh(config)  # Checks the devices against the config before any work.
-    # On a bucket the first touch stays run_dir.make()'s: the client of the lock words a refusal
-    # (no credentials, no permission, no network) in one line, where gcsfs would log its retries.
-    if not (evaluate_only or run_dir.remote):
-      run_dir.check_usable()  # A folder this user may not list is said before its checkpoints.
-      refuse_other_numbers(run_dir, config)
-    splits = [config.data.eval_split] if evaluate_only else [config.data.train_split,
-                                                             config.data.eval_split]
-    *train, examples = load_splits(config.data, *splits)
-    primary = processes.is_primary()  # Process 0 writes the run's files and log; all compute.
-    reporter = Reporter.of(run_dir, config.num_epochs, primary)
-    if primary:
-      run_dir.make()  # Before the lock, whose file is in it.
     lock = None
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
-      lock = stack.enter_context(RunLock(
-          run_dir, enabled=primary, on_every_process=processes.true_on_every_process,
-          stale_after=lock_stale_after, warn=reporter.warn))
-      processes.check_shared_directory(run_dir)
-    epochs = compile_epochs(config, train[0] if train else None, examples, where)
-    checkpoints = stack.enter_context(Checkpoints(run_dir, config, epochs.run_key,
-                                                  warn=reporter.warn, read_only=evaluate_only))
-    yield Run(config, run_dir, examples, epochs, reporter, checkpoints, lock)
+      lock = stack.enter_context(RunLock(run_dir, host))
+      host.check_shared_directory(run_dir)
+    programs = compile_programs(config, train, eval_examples, where)
+    checkpoints = stack.enter_context(Checkpoints(run_dir, config, programs.run_key, host,
+                                                  read_only=evaluate_only))
+    yield Run(config, run_dir, host, programs.template, checkpoints, programs, eval_examples,
+              reporter, lock)

@@ -8,20 +8,25 @@ import sys
 
 from etils import epath
 
-from errors import UserError, write_failed
-from trainer.cloud_storage import REMOTE_PREFIX, answers_said, reach
+from errors import During, UserError
+from trainer.cloud_storage import REMOTE_PREFIX, reach
 
 URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')  # s3://, https://: no run directory here.
+STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.
 
 
 def named_alike_in_utf8(path: str) -> bool:
   """Whether the OS gets the same bytes for `path` from Python (the locale's encoding) as from
   tensorstore (always UTF-8), which writes the checkpoints' arrays: under a Latin-1 locale a
   non-ASCII name is two folders, under an ASCII one tensorstore cannot name it at all."""
-  try:
-    return path.encode('utf-8') == os.fsencode(path)
-  except UnicodeEncodeError:  # Bytes the locale could not decode, kept as surrogates.
-    return False
+  with contextlib.suppress(UnicodeEncodeError):  # Bytes the locale could not decode, kept as
+    return path.encode('utf-8') == os.fsencode(path)  # surrogates.
+  return False
+
+
+def _remove_if_there(path: str) -> None:
+  with contextlib.suppress(OSError):
+    os.remove(path)
 
 
 class RunDirectory:
@@ -29,8 +34,9 @@ class RunDirectory:
   there ask it. A file is written whole (object stores cannot append): a reader sees the old
   version or the new one, never half."""
 
-  def __init__(self, workdir: str | os.PathLike):
+  def __init__(self, workdir: str | os.PathLike, lock_stale_after: float = STALE_AFTER_S):
     workdir = os.fspath(workdir)
+    self.lock_stale_after = lock_stale_after  # On a bucket: a silent lock is taken over after it.
     self.remote = workdir.startswith(REMOTE_PREFIX)
     scheme = URL_SCHEME.match(workdir)
     if scheme and not self.remote:  # Else it would be a local folder named `s3:`.
@@ -61,32 +67,20 @@ class RunDirectory:
     self.check_usable()
     if self.remote:
       return
-    try:
+    with During('creating the run directory', self.name):
       os.makedirs(self.name, exist_ok=True)
-    except OSError as error:
-      raise UserError(f'cannot create the run directory {self.name} ({error.strerror}); pass a '
-                      '--workdir that can be written to') from error
     if not os.access(self.name, os.W_OK | os.X_OK):
       raise UserError(f'the run directory {self.name} is not writable; pass a --workdir that can '
                       'be written to (a copy of this one, to go on from its checkpoints or '
                       'evaluate them)')
-
-  def refused_write(self, name: str, error: OSError | ValueError,
-                    saved: bool | None = None) -> UserError:
-    """A refused write of `name` (the folder itself: '') as the user's one line; a local run
-    directory that is gone, removed or moved while the run wrote there, is named as such."""
-    if not self.remote and not self.exists():
-      return UserError(f'the run directory {self.name} was removed or moved while the run wrote '
-                       'there; move it back and rerun the same command to resume, or rerun it to '
-                       'start again')
-    return write_failed(self.file(name) if name else self.name, error, saved)
 
   def check_usable(self) -> None:
     """A --workdir naming a file, a folder this user may not list (another user's), or a bucket
     this machine cannot use, is the user's one line before the first read or write, not an error
     (a traceback) of each thing it is used for."""
     if self.remote and not self._reached:
-      reach(self.name)
+      with During('reaching', self.name):
+        reach(self.name)
       self._reached = True
     elif not self.remote and os.path.exists(self.name) and not os.path.isdir(self.name):
       raise UserError(f'the run directory {self.name} is a file; pass a --workdir that names a '
@@ -97,9 +91,10 @@ class RunDirectory:
                       'denied); let this user read it (its owner can run chmod -R a+rX on it), '
                       'or pass a --workdir that this user can read')
 
-  def answers_said(self, name: str, doing: str) -> contextlib.AbstractContextManager[None]:
-    """A bucket's error answers about `name` (gcsfs raises them as no OSError) as one line."""
-    return answers_said(self.file(name), doing) if self.remote else contextlib.nullcontext()
+  def during(self, doing: str, name: str = '') -> During:
+    """Marks a fault met on the file `name` (the folder itself: '') with what was being done."""
+    return During(doing, self.file(name) if name else self.name,
+                  '' if self.remote else self.name)
 
   def exists(self) -> bool:
     return self.path().is_dir()
@@ -107,38 +102,31 @@ class RunDirectory:
   def read_bytes(self, name: str) -> bytes | None:
     """A file's bytes, or None if there is none; one line for a file that cannot be read. Bytes:
     what a line that is not UTF-8 text means is the reader's to say."""
-    try:
-      with self.answers_said(name, 'reading'):
-        return self.path(name).read_bytes()
-    except FileNotFoundError:
-      return None
-    except OSError as error:  # A folder of that name, no permission, an I/O error.
-      raise UserError(f'cannot read {self.file(name)} ({error.strerror or error}); move it out of '
-                      'the run directory or restore it, then rerun the same command') from error
+    with self.during('reading', name), contextlib.suppress(FileNotFoundError):
+      return self.path(name).read_bytes()
+    return None
 
   def write(self, name: str, data: str | bytes) -> None:
     """Replaces the file whole: one upload to a bucket, a rename of a finished copy on a disk; a
     copy that could not be finished (a full disk) is removed, leaving the old file as it was."""
     raw = data.encode('utf-8') if isinstance(data, str) else data
-    if self.remote:
-      with self.answers_said(name, 'writing'):
+    with self.during('writing', name):
+      if self.remote:
         self.path(name).write_bytes(raw)
-      return
-    partial = self.file(f'{name}.tmp')
-    try:
-      with open(partial, 'wb') as f:
-        f.write(raw)
-      os.replace(partial, self.file(name))
-    except BaseException:
-      with contextlib.suppress(OSError):  # Never hides the write's own error.
-        os.remove(partial)
-      raise
+        return
+      partial = self.file(f'{name}.tmp')
+      with contextlib.ExitStack() as on_failure:
+        on_failure.callback(_remove_if_there, partial)  # Never hides the write's own error.
+        with open(partial, 'wb') as f:
+          f.write(raw)
+        os.replace(partial, self.file(name))
+        on_failure.pop_all()
 
   def append(self, name: str, data: bytes) -> None:
     """Adds to a local file in place, for a reader that follows it as it grows (TensorBoard); an
     object in a bucket cannot be appended to (write() it whole)."""
     assert not self.remote, 'a bucket object is written whole'
-    with open(self.file(name), 'ab') as f:
+    with self.during('writing', name), open(self.file(name), 'ab') as f:
       f.write(data)
 
   def checkpoint_epochs(self) -> list[int]:
@@ -146,7 +134,7 @@ class RunDirectory:
     peers): orbax's own test, as an unfinished save is a temporary folder, or on a bucket, a folder
     without its commit marker."""
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top; only when listing
-    with self.answers_said('', 'listing'):
+    with During('listing', self.file(''), '' if self.remote else self.name):
       if not self.exists():  # Not there, or a file: no checkpoint to list (orbax would raise).
         return []
       return sorted(ocp.path.step.checkpoint_steps(self.path()))

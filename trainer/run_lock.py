@@ -12,13 +12,12 @@ import threading
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from errors import UserError
-from trainer.cloud_storage import blob, user_errors
+from errors import During, UserError
+from trainer.cloud_storage import blob
+from trainer.host import Host
 from trainer.run_dir import RunDirectory
 
 LOCK_FILE = 'run.lock'
-STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.
-_HELD: set['RunLock'] = set()  # The locks this process holds, for release_held_locks().
 
 
 def _owner() -> str:
@@ -29,12 +28,11 @@ def this_machine() -> str | None:
   """This kernel's boot and PID namespace, where a pid names one process; None off Linux.
 
   A host name alone is not enough: two VMs, or two containers, may share one."""
-  try:
-    with open('/proc/sys/kernel/random/boot_id', encoding='ascii') as boot:
-      namespace = re.sub(r'\D', '', os.readlink('/proc/self/ns/pid'))
-      return f'{boot.read().strip()}-{namespace}'
-  except OSError:
-    return None
+  with contextlib.suppress(OSError), open('/proc/sys/kernel/random/boot_id',
+                                          encoding='ascii') as boot:
+    namespace = re.sub(r'\D', '', os.readlink('/proc/self/ns/pid'))
+    return f'{boot.read().strip()}-{namespace}'
+  return None
 
 
 def _gone(holder: str) -> bool:
@@ -42,13 +40,7 @@ def _gone(holder: str) -> bool:
   machine, pid = re.search(r'; machine ([^;\s]+)', holder), re.search(r'\bpid (\d+)', holder)
   if not (machine and pid and machine.group(1) == this_machine()):
     return False
-  try:
-    os.kill(int(pid.group(1)), 0)  # Signal 0: asks only whether the process exists.
-  except ProcessLookupError:
-    return True
-  except OSError:  # PermissionError: another user's process, alive.
-    pass
-  return False
+  return not os.path.exists(f'/proc/{pid.group(1)}')  # This PID namespace's, as this_machine().
 
 
 def _taken_over(workdir: 'RunDirectory', holder: str) -> str:
@@ -78,7 +70,7 @@ class _Flock:
     self._file: TextIO | None = None
     self._path = workdir.file(LOCK_FILE)
 
-  def take(self) -> UserError | None:
+  def take(self) -> Exception | None:
     try:
       # A lock's text only names its holder; bytes of no text there are shown, never raised.
       lock: TextIO = open(self._path, 'a+', encoding='utf-8',  # pylint: disable=consider-using-with
@@ -102,7 +94,7 @@ class _Flock:
     except OSError as error:  # A full disk: no run can start here, and none is named as running.
       with contextlib.suppress(OSError):  # Its flush fails again; the file still closes, unlocked.
         lock.close()
-      return self._workdir.refused_write(LOCK_FILE, error)
+      return self._workdir.during('writing', LOCK_FILE).mark(error)
     if left and left != _owner():
       self._warn(_taken_over(self._workdir, left))
     self._file = lock
@@ -129,12 +121,12 @@ class _Flock:
     return isinstance(refusal, Busy)
 
   def _names_a_run(self) -> bool:
-    """Whether the lock file names another run: one that took it, and may have saved since."""
-    try:
-      with open(self._path, encoding='utf-8', errors='backslashreplace') as lock:
-        return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
-    except OSError:  # Gone, or not a file to read: take() says what it is.
-      return False
+    """Whether the lock file names another run: one that took it, and may have saved since. (Gone,
+    or not a file to read: take() says what it is.)"""
+    with contextlib.suppress(OSError), open(self._path, encoding='utf-8',
+                                            errors='backslashreplace') as lock:
+      return lock.read().strip() not in ('', _owner())  # This run's own text copied back: ours.
+    return False
 
   def _in_place(self, held: TextIO) -> bool:
     try:
@@ -158,8 +150,8 @@ class _ObjectLock:
     self._stop, self._lost = threading.Event(), threading.Event()
     self._beat = threading.Thread(target=self._keep_fresh, daemon=True)
 
-  def take(self) -> UserError | None:
-    with user_errors(self._workdir.name):
+  def take(self) -> Exception | None:
+    with During('locking', self._workdir.name):
       self._blob = blob(self._workdir.file(LOCK_FILE))
       if not self._write(expected=0):
         found = self._blob.bucket.get_blob(self._blob.name)
@@ -209,7 +201,7 @@ class _ObjectLock:
           continue
         self._lost.set()  # Another run took it over: this run must not write on.
         return
-      except Exception:  # pylint: disable=broad-except; a network blip: the next beat retries.
+      except _blips():  # A network blip: the next beat retries.
         continue
 
   def release(self) -> None:
@@ -220,12 +212,19 @@ class _ObjectLock:
     if self._generation is not None and not self._lost.is_set():
       try:
         self._write(expected=self._generation, text='')
-      except Exception as error:  # pylint: disable=broad-except; never hides the run's own end
+      except _blips() as error:  # Never hides the run's own end.
         self._warn(f'could not release the run lock of {self._workdir} ({type(error).__name__}); '
                    f'the next run takes it over once it is silent for {self._stale_after:.0f} s')
 
   def lost(self) -> bool:
     return self._lost.is_set()
+
+
+def _blips() -> tuple[type[BaseException], ...]:
+  """What a request to Cloud Storage raises when the network or the service fails for a while."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
+  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
+  return (exceptions.GoogleAPIError, auth.GoogleAuthError, OSError)  # requests' errors: OSErrors.
 
 
 def _stale_after_of(holder: str) -> float:
@@ -237,39 +236,38 @@ def _stale_after_of(holder: str) -> float:
 class RunLock:
   """Held while entered; a second holder gets a UserError naming the first one's host and pid.
 
-  In a multi-process run one process takes it (`enabled`), and `on_every_process(ok)`, a collective
-  that says whether every process got past it, stops them all when that one is refused.
+  In a multi-process run process 0 takes it, and every process learns whether it was refused: all
+  of them stop then. Released before the host ends the process at once (a Ctrl-C, a lost peer).
   """
 
-  def __init__(self, workdir: RunDirectory, enabled: bool = True,
-               on_every_process: Callable[[bool], bool] = lambda ok: ok,
-               stale_after: float = STALE_AFTER_S, warn: Callable[[str], None] = lambda _: None):
-    self._workdir, self._enabled, self._on_every_process = workdir, enabled, on_every_process
-    self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, stale_after, warn) if workdir.remote
-                                          else _Flock(workdir, warn))
+  def __init__(self, workdir: RunDirectory, host: Host | None = None):
+    self._workdir, self._host = workdir, host or Host()
+    warn = self._host.warn
+    self._holder: _Flock | _ObjectLock = (_ObjectLock(workdir, workdir.lock_stale_after, warn)
+                                          if workdir.remote else _Flock(workdir, warn))
     self._releasing = threading.Lock()
+    self._held = False
 
   def __enter__(self) -> 'RunLock':
-    refusal = self._holder.take() if self._enabled else None
-    if self._enabled and refusal is None:
-      _HELD.add(self)
-    try:
-      if not self._on_every_process(refusal is None):
+    refusal = self._holder.take() if self._host.primary else None
+    self._held = self._host.primary and refusal is None
+    self._host.hold(self.release)
+    with contextlib.ExitStack() as on_refusal:  # A refusal, or a peer lost in the vote.
+      on_refusal.callback(self.__exit__)
+      if not self._host.on_every_process(refusal is None):
         raise refusal or UserError(
             f'process 0 found the run directory {self._workdir} in use by another training run; '
             'wait for it to end or stop it, or pass another --workdir')
-    except BaseException:  # A refusal, or a peer lost in the vote: no with-block to release it.
-      self.release()
-      raise
+      on_refusal.pop_all()
     return self
 
   def lost(self) -> bool:
     """Whether another run took over the lock this process holds."""
-    return self._enabled and self._holder.lost()
+    return self._host.primary and self._holder.lost()
 
   def check(self, lost: bool | None = None) -> None:
     """Stops a run whose lock another run took over, before it writes again: `lost` as every
-    process agreed it (processes.agree_at_epoch_end), else as this process sees it."""
+    process agreed it (Host.agree_at_epoch_end), else as this process sees it."""
     if not (self.lost() if lost is None else lost):
       return
     if not self._workdir.remote:
@@ -281,8 +279,9 @@ class RunLock:
                     'this one could not refresh its lock (paused, or cut off from Cloud Storage) '
                     'or after it was removed by hand; this run stops without writing more')
 
-  def __exit__(self, *exc_info) -> None:
+  def __exit__(self, *exc_info: Any) -> None:
     self.release()
+    self._host.let_go(self.release)
 
   def release(self) -> None:
     """Lets the lock go if held, once: the run's end and a thread ending the process may both ask.
@@ -292,15 +291,8 @@ class RunLock:
     if not self._releasing.acquire(timeout=5):
       return
     try:
-      if self in _HELD:
-        _HELD.discard(self)
+      if self._held:
+        self._held = False
         self._holder.release()
     finally:
       self._releasing.release()
-
-
-def release_held_locks() -> None:
-  """Releases the run locks this process holds, before it ends at once (os._exit) and so certainly
-  writes nothing more: a rerun need not wait for a lock left behind to go stale."""
-  for lock in list(_HELD):
-    lock.release()

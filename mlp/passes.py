@@ -1,4 +1,5 @@
-"""A whole epoch as one compiled program: `lax.scan` of the step over batches gathered on device."""
+"""Passes over a split as one compiled program each: `lax.scan` of the step over batches gathered
+on device (a training epoch), of scoring (an evaluation), of the forward pass (predictions)."""
 
 import dataclasses
 import functools
