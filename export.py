@@ -13,7 +13,7 @@ from absl import flags
 
 from command import STOP_SIGNALS, end_quietly_on_signals, fail, parse_tool_flags
 from errors import UserError, say, shown
-from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
+from serving.folder import FILES, MANIFEST, OutFolder
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -21,11 +21,12 @@ _WORKDIR = flags.DEFINE_string(
 _OUT = flags.DEFINE_string('out', None, 'Local folder to write the export to (made if missing).')
 _FORMATS = flags.DEFINE_list(
     'formats', ['stablehlo'], f'Comma-separated, of {", ".join(FILES)}: StableHLO by jax.export '
-    '(runs with JAX alone), a TensorFlow SavedModel by jax2tf (needs the TensorFlow extra).')
+    '(runs with JAX alone), a TensorFlow SavedModel in TensorFlow\'s own ops (needs the '
+    'TensorFlow extra), an ONNX model (needs the ONNX extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
-USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] '
-         '[--overwrite]')  # A path from here.
+USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR '
+         '[--formats=stablehlo,savedmodel,onnx] [--overwrite]')  # A path from here.
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -75,8 +76,7 @@ def main(argv: list[str]) -> None:
     formats = list(dict.fromkeys(_FORMATS.value))
     os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
     from serving import artifacts  # pylint: disable=g-import-not-at-top; after flags, for --help
-    if SAVED_MODEL in formats:
-      artifacts.require_tensorflow()  # Before the checkpoint is read.
+    artifacts.require_extras(formats)  # Before the checkpoint is read.
     from trainer import evaluation, run_dir  # pylint: disable=g-import-not-at-top
     workdir = run_dir.RunDirectory(given)
     config, restored = evaluation.restore_run(workdir)
