@@ -6,10 +6,12 @@ Ops such as MatMul and Softmax run in any TensorFlow, TF Serving and converter o
 """
 
 import dataclasses
+import re
 
 import numpy as np
 import tensorflow as tf
 
+from native_logs import native_stderr_muted
 from serving import layers as layers_lib
 
 IMAGE_SHAPE = (28, 28)
@@ -60,6 +62,8 @@ def save(layers: layers_lib.Layers[np.ndarray], path: str, names: tuple[str, str
       input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.uint8, name=image_name)])
   module.serve = serve  # The signature takes the function itself: one trace serves both.
   try:
-    tf.saved_model.save(module, path, signatures={signature: serve})
-  except tf.errors.OpError as error:  # Its file errors read 'PATH; No space left on device'.
-    raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # OutFolder words the line.
+    with native_stderr_muted():  # Its C++ logs a failed write of the variables at length.
+      tf.saved_model.save(module, path, signatures={signature: serve})
+  except tf.errors.OpError as error:  # 'PATH; No space left on device', then ' [Op:SaveV2]'.
+    reason = re.sub(r' \[Op:\w+\]$', '', error.message.rsplit('; ', 1)[-1])
+    raise OSError(reason) from error  # OutFolder words the line.
