@@ -1,8 +1,8 @@
 """The ONNX model: the classifier in ONNX's standard operators (MatMul, Add, Relu, Softmax), built
 with `onnx.helper` from the parameters, which it holds as initializers.
 
-Opset 17 and IR version 8 (ONNX 1.12, 2022): what onnxruntime 1.12 and later, onnxruntime-web,
-TensorRT 8.6 and OpenVINO read. A symbolic batch `N` in and out.
+Opset 17 and IR version 8 (ONNX 1.12, 2022): what onnxruntime 1.13 and later read, in Python or
+in the browser (onnxruntime-web), and other runtimes of opset 17. A symbolic batch `N` in and out.
 """
 
 import itertools
