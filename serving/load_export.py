@@ -202,12 +202,12 @@ def missing_package(error: ImportError) -> str | None:
 def classify_batches(classify: Classify, images: np.ndarray, args: argparse.Namespace,
                      record: dict[str, Any]) -> dict[str, Any]:
   """Each batch size's probabilities (of the first --count images, in batches of that size, or of
-  one batch); the first call's seconds, and the median of --repeat more, in `record`. A program this framework cannot run (one a newer release wrote) is its line."""
+  one batch); the first call's seconds, and the median of --repeat more, in `record`. Refused
+  where the framework cannot run the program, compiled at its first call."""
   results: dict[str, Any] = {}
   for size in args.batch_sizes:
     counted = images[:args.count or size]
-    batches = [np.ascontiguousarray(counted[start:start + size])
-               for start in range(0, len(counted), size)]
+    batches = [np.ascontiguousarray(counted[i:i + size]) for i in range(0, len(counted), size)]
     try:
       start = time.perf_counter()
       first = classify(batches[0])

@@ -37,7 +37,8 @@ def main(folder: str) -> None:
                'output': {'name': 'probabilities', 'dtype': 'float32', 'shape': ['N', 10]},
                'platforms': ['cpu'], 'written_by': {'model.jax_export': {
                    'jax': jax.__version__,
-                   'calling_convention_version': exported.calling_convention_version}}}, f, indent=1)
+                   'calling_convention_version': exported.calling_convention_version}}},
+              f, indent=1)
 
 
 if __name__ == '__main__':
