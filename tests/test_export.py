@@ -269,6 +269,29 @@ def test_a_jax_export_of_another_release_loads_or_names_both_releases_and_the_fi
   assert lines[0].endswith(f'): model.jax_export was written by jax {writer}, {fix[refused]}')
 
 
+@pytest.mark.skipif(not HAS_ONNX, reason='the ONNX extra is not installed here')
+def test_an_onnx_model_newer_than_this_onnxruntime_names_its_opset_and_the_fix(tmp_path):
+  """As a model that a newer onnx wrote, in the ONNX of years to come, reaches an older runtime."""
+  import onnx  # pylint: disable=g-import-not-at-top
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  graph = onnx.helper.make_graph(
+      [onnx.helper.make_node('Identity', ['images'], ['probabilities'])], 'future',
+      [onnx.helper.make_tensor_value_info('images', onnx.TensorProto.FLOAT, ['N', 10])],
+      [onnx.helper.make_tensor_value_info('probabilities', onnx.TensorProto.FLOAT, ['N', 10])])
+  onnx.save_model(onnx.helper.make_model(graph, ir_version=99, opset_imports=[
+      onnx.helper.make_opsetid('', 99)]), tmp_path / 'model.onnx')
+  (tmp_path / 'export.json').write_text(json.dumps({'written_by': {'model.onnx': {
+      'onnx': '9.0.0', 'opset': 99, 'ir_version': 99}}}))
+  loaded = load_in_a_fresh_python(tmp_path, 'onnx', tmp_path)
+  lines = loaded.stderr.strip().splitlines()
+  assert loaded.returncode == 1 and loaded.stdout == '' and len(lines) == 1, loaded.stderr
+  assert lines[0].startswith(f'error: cannot load the onnx export in {tmp_path} ('), lines[0]
+  assert lines[0].endswith(
+      f'): model.onnx holds ONNX opset 99 (IR version 99), which onnxruntime '
+      f'{onnxruntime.__version__} does not run; install a newer one (pip install -r '
+      'requirements/onnx.txt), or export the run again'), lines[0]
+
+
 def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
   """--out=notes.txt/model: os.makedirs of its folder meets the file, 'File exists'."""
   (tmp_path / 'notes.txt').write_text('keep me')
