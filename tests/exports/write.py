@@ -4,7 +4,10 @@ runs this, so that the tests can load files of other JAX releases than theirs:
   python tests/exports/write.py tests/exports/jax-$(python -c 'import jax; print(jax.__version__)')
 
 Its classifier: softmax(row means of pixels / 255 @ WEIGHTS), any batch N, uint8 images [N, 28, 28]
-in and float32 probabilities [N, 10] out, as export.py's. Needs JAX alone, any release since 0.4.30.
+in and float32 probabilities [N, 10] out, as export.py's. Needs JAX and flatbuffers alone. The
+folders here were written on 2026-11-28 by the two stacks of `make` (JAX 0.10.2, 0.12.0.1) and by
+JAX 0.8.1 (2025-11), in an environment of its own: python3.11 -m venv /tmp/jax081 &&
+/tmp/jax081/bin/pip install jax==0.8.1 flatbuffers.
 """
 
 import json
