@@ -12,7 +12,7 @@ from absl import flags
 
 from command import parse_tool_flags
 from errors import UsageError, shown
-from serving.folder import FILES, MANIFEST, SAVED_MODEL, OutFolder
+from serving.folder import FILES, MANIFEST, OutFolder
 from trainer.host import Host, say
 
 _WORKDIR = flags.DEFINE_string(
@@ -21,11 +21,12 @@ _WORKDIR = flags.DEFINE_string(
 _OUT = flags.DEFINE_string('out', None, 'Local folder to write the export to (made if missing).')
 _FORMATS = flags.DEFINE_list(
     'formats', ['stablehlo'], f'Comma-separated, of {", ".join(FILES)}: StableHLO by jax.export '
-    '(runs with JAX alone), a TensorFlow SavedModel by jax2tf (needs the TensorFlow extra).')
+    '(runs with JAX alone), a TensorFlow SavedModel in TensorFlow\'s own ops (needs the '
+    'TensorFlow extra), an ONNX model (needs the ONNX extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
-USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR [--formats=stablehlo,savedmodel] '
-         '[--overwrite]')  # A path from here.
+USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR '
+         '[--formats=stablehlo,savedmodel,onnx] [--overwrite]')  # A path from here.
 
 
 def parse_flags(argv: list[str]) -> list[str]:
@@ -63,8 +64,7 @@ def main(argv: list[str], host: Host) -> None:
   os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
   # pylint: disable=g-import-not-at-top; after the flags, for --help
   from serving import artifacts
-  if SAVED_MODEL in formats:
-    artifacts.require_tensorflow()  # Before the checkpoint is read.
+  artifacts.require_extras(formats)  # Before the checkpoint is read.
   from trainer import backend, evaluation
   from trainer.run_dir import RunDirectory
   workdir = RunDirectory(given)

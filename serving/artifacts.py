@@ -1,6 +1,7 @@
 """The export formats of one classifier: uint8 images [N, 28, 28] in, float32 probabilities [N, 10]
-out, any N, the parameters inside. StableHLO by `jax.export` needs JAX alone to run; the SavedModel,
-by jax2tf, TensorFlow alone (jax2tf wraps a `jax.export` lowering of it in one TensorFlow op)."""
+out, any N, the parameters inside. StableHLO by `jax.export` needs JAX alone to run; the SavedModel
+TensorFlow alone, and the ONNX model an ONNX runtime alone: those two are built from the parameters
+in their own ops (serving/layers.py), so they run whatever JAX wrote them."""
 
 import functools
 import json
@@ -12,74 +13,75 @@ import jax
 import jax.numpy as jnp
 
 from errors import UserError
-from native_logs import import_tensorflow_quietly, native_stderr_muted
+from native_logs import import_tensorflow_quietly
 from mlp import inference
 from mlp import steps
-from serving.folder import FILES, MANIFEST, SAVED_MODEL, STABLEHLO
+from serving import layers
+from serving.folder import FILES, MANIFEST, ONNX, SAVED_MODEL, STABLEHLO
 
-PLATFORMS = ('cpu', 'cuda', 'tpu')  # Lowered for each: the files serve on any of them.
+PLATFORMS = ('cpu', 'cuda', 'tpu')  # The StableHLO is lowered for each: it serves on any of them.
 INPUT, OUTPUT, SIGNATURE = 'images', 'probabilities', 'serving_default'
 IMAGE_SHAPE, NUM_CLASSES = (28, 28), 10
-SYMBOLIC_INPUT = f'(N, {", ".join(map(str, IMAGE_SHAPE))})'  # jax2tf's spelling of [N, 28, 28].
-TENSORFLOW_EXTRA = 'pip install -r requirements/tfds.txt'
-
-Classify = Callable[[jax.Array], jax.Array]
+Versions = dict[str, Any]  # The libraries (and format versions) that wrote a file.
 
 
-def require_tensorflow() -> None:
-  """Imports TensorFlow now, or raises the UserError naming the extra that installs it."""
-  try:
-    import_tensorflow_quietly()
-  except ImportError as error:
-    raise UserError(f'--formats={SAVED_MODEL} needs TensorFlow ({error}), an extra that `make '
-                    f'train` leaves out: {TENSORFLOW_EXTRA} (TensorFlow has wheels for Python 3.11 '
-                    f'to 3.13), or pass --formats={STABLEHLO}, which needs JAX alone') from error
+def import_onnx() -> None:
+  """Imports onnx now (ImportError where the extra is not installed)."""
+  import onnx  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import; the extra's
 
 
-def write_stablehlo(classify: Classify, path: str) -> None:
+# Each format that needs an extra: how to import it, and the extra that installs it.
+EXTRAS = {SAVED_MODEL: (import_tensorflow_quietly, 'TensorFlow', 'pip install -r '
+                        'requirements/tfds.txt (TensorFlow has wheels for Python 3.11 to 3.13)'),
+          ONNX: (import_onnx, 'onnx', 'pip install -r requirements/onnx.txt')}
+
+
+def require_extras(formats: list[str]) -> None:
+  """Imports each asked format's library now, or raises the UserError naming the extra that
+  installs it: before the checkpoint is read."""
+  for name in formats:
+    if name in EXTRAS:
+      load, library, install = EXTRAS[name]
+      try:
+        load()
+      except ImportError as error:
+        raise UserError(f'--formats={name} needs {library} ({error}), an extra that `make train` '
+                        f'leaves out: {install}, or pass --formats={STABLEHLO}, which needs JAX '
+                        'alone') from error
+
+
+def write_stablehlo(state: steps.TrainState, path: str) -> Versions:
   """jax.export's serialized StableHLO, for `jax.export.deserialize(data).call(images)`."""
   (batch,) = jax.export.symbolic_shape('N')
-  exported = jax.export.export(jax.jit(classify), platforms=PLATFORMS)(
+  exported = jax.export.export(jax.jit(functools.partial(inference.classify, state)),
+                               platforms=PLATFORMS)(
       jax.ShapeDtypeStruct((batch, *IMAGE_SHAPE), jnp.uint8))
   with open(path, 'wb') as f:
     f.write(exported.serialize())
+  return {'jax': jax.__version__, 'calling_convention_version': exported.calling_convention_version}
 
 
-def write_saved_model(classify: Classify, path: str) -> None:
+def write_saved_model(state: steps.TrainState, path: str) -> Versions:
   """A TensorFlow SavedModel whose serving_default signature maps `images` to `probabilities`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top; the extra, for this format only
-  from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top; imports TensorFlow
-  converted = jax2tf.convert(classify, polymorphic_shapes=[SYMBOLIC_INPUT], with_gradient=False,
-                             native_serialization_platforms=PLATFORMS)
-  serve = tf.function(lambda images: {OUTPUT: converted(images)}, autograph=False,
-                      input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.uint8, name=INPUT)])
-  module = tf.Module()
-  module.serve = serve  # The signature takes the function itself: one trace serves both.
-  try:
-    tf.saved_model.save(module, path, signatures={SIGNATURE: serve})
-  except tf.errors.OpError as error:  # Its file errors read 'PATH; No space left on device'.
-    raise OSError(error.message.rsplit('; ', 1)[-1]) from error  # OutFolder words the line.
-  check_tensorflow_runs(path)
+  from serving import tensorflow_graph  # pylint: disable=g-import-not-at-top; imports TensorFlow
+  tensorflow_graph.save(layers.of_state(state, SAVED_MODEL), path, (INPUT, OUTPUT, SIGNATURE))
+  return {'tensorflow': tf.__version__}
 
 
-def check_tensorflow_runs(path: str) -> None:
-  """Runs the written SavedModel once: TensorFlow reads only the StableHLO of JAX releases it
-  knows (TensorFlow 2.21 cannot read JAX 0.12's), and a user learns it here, not when serving."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top; the extra, for this format only
-  serve = tf.saved_model.load(path).signatures[SIGNATURE]
-  try:
-    with native_stderr_muted():  # TensorFlow logs the failure below at length: it is said once.
-      serve(**{INPUT: tf.zeros((1, *IMAGE_SHAPE), tf.uint8)})
-  except tf.errors.InvalidArgumentError as error:
-    if 'deserialize' not in error.message:
-      raise
-    raise UserError(
-        f'this TensorFlow ({tf.__version__}) cannot run the program this JAX ({jax.__version__}) '
-        f'writes, so no SavedModel was written; pass --formats={STABLEHLO}, or export with the '
-        'Python 3.11 set-up (make train PYTHON=python3.11), whose JAX it reads') from None
+def write_onnx(state: steps.TrainState, path: str) -> Versions:
+  """An ONNX model of standard operators, `images` in and `probabilities` out."""
+  import onnx  # pylint: disable=g-import-not-at-top; the extra, for this format only
+  from serving import onnx_graph  # pylint: disable=g-import-not-at-top; imports onnx
+  model = onnx_graph.model(layers.of_state(state, ONNX), (INPUT, OUTPUT),
+                           'MNIST class probabilities of uint8 images, by export.py')
+  onnx.save_model(model, path)
+  return {'onnx': onnx.__version__, 'opset': onnx_graph.OPSET,
+          'ir_version': onnx_graph.IR_VERSION}
 
 
-WRITERS = {STABLEHLO: write_stablehlo, SAVED_MODEL: write_saved_model}
+WRITERS: dict[str, Callable[[steps.TrainState, str], Versions]] = {
+    STABLEHLO: write_stablehlo, SAVED_MODEL: write_saved_model, ONNX: write_onnx}
 
 
 def size(path: str) -> int:
@@ -92,18 +94,18 @@ def size(path: str) -> int:
 
 def write(state: steps.TrainState, precision: str, formats: list[str], folder: str,
           about: dict[str, Any]) -> dict[str, int]:
-  """Each format's file in `folder`, then the manifest (with `about`); returns each file's bytes.
+  """Each format's file in `folder`, then the manifest (with `about`, and the versions of the
+  libraries that wrote each file, which bound how long it loads); returns each file's bytes.
 
-  `precision`: the run's matmul_precision, lowered into the program as evaluation runs it.
+  `precision`: the run's matmul_precision, lowered into the StableHLO as evaluation runs it.
   """
-  classify = functools.partial(inference.classify, state)
   with jax.default_matmul_precision(precision):
-    for name in formats:
-      WRITERS[name](classify, os.path.join(folder, FILES[name]))
+    written_by = {FILES[name]: WRITERS[name](state, os.path.join(folder, FILES[name]))
+                  for name in formats}
   manifest = {**about, 'files': {name: FILES[name] for name in formats},
               'input': {'name': INPUT, 'dtype': 'uint8', 'shape': ['N', *IMAGE_SHAPE]},
               'output': {'name': OUTPUT, 'dtype': 'float32', 'shape': ['N', NUM_CLASSES]},
-              'signature': SIGNATURE, 'platforms': list(PLATFORMS), 'jax': jax.__version__}
+              'signature': SIGNATURE, 'platforms': list(PLATFORMS), 'written_by': written_by}
   with open(os.path.join(folder, MANIFEST), 'w', encoding='utf-8') as f:
     json.dump(manifest, f, indent=1)
   return {FILES[name]: size(os.path.join(folder, FILES[name])) for name in formats}

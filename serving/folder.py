@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 from errors import During, UserError
 
-STABLEHLO, SAVED_MODEL = 'stablehlo', 'savedmodel'
-FILES = {STABLEHLO: 'model.jax_export', SAVED_MODEL: 'saved_model'}  # Format -> its name in DIR.
+STABLEHLO, SAVED_MODEL, ONNX = 'stablehlo', 'savedmodel', 'onnx'
+FILES = {STABLEHLO: 'model.jax_export', SAVED_MODEL: 'saved_model',
+         ONNX: 'model.onnx'}  # Format -> its name in DIR.
 MANIFEST = 'export.json'  # What was exported, from where: written last, so it marks a whole export.
 EXPORT_NAMES = (*FILES.values(), MANIFEST)
 

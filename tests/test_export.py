@@ -1,5 +1,6 @@
 """export.py: a run's classifier as files that serve without this project, and its mistakes."""
 
+import importlib.metadata
 import importlib.util
 import gzip
 import json
@@ -11,26 +12,34 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 
 from data.mnist import load_split
 from errors import UserError
 from serving.folder import OutFolder
-from tests.conftest import (ROOT, TENSORFLOW_LOGS_AT_IMPORT, line_of, make_config, override_flags,
-                            run_train, signalled_in)
+from tests.conftest import (MNIST_DIR, ROOT, TENSORFLOW_LOGS_AT_IMPORT, line_of, make_config,
+                            override_flags, run_train, signalled_in)
+from tests.exports.write import WEIGHTS
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import RunLock
 
 HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Python 3.14 yet.
-FORMATS = ['stablehlo', *(['savedmodel'] if HAS_TENSORFLOW else [])]
-BATCH_SIZES = (1, 37)
+HAS_ONNX = all(importlib.util.find_spec(name) for name in ('onnx', 'onnxruntime'))
+FORMATS = ['stablehlo', *(['savedmodel'] if HAS_TENSORFLOW else []),
+           *(['onnx'] if HAS_ONNX else [])]
+FILES = {'stablehlo': 'model.jax_export', 'savedmodel': 'saved_model', 'onnx': 'model.onnx'}
+BATCH_SIZES, COUNT = (1, 37), 1000  # MNIST's first 1,000 test digits, one by one and 37 at once.
 # What a loader of each format must never import: this project, and every framework but its own.
 PROJECT = ['command', 'configs', 'data', 'errors', 'library_errors', 'mlp', 'native_logs',
            'serving', 'trainer', 'flax', 'optax', 'orbax']
-NEVER_IMPORTED = {'stablehlo': [*PROJECT, 'tensorflow'], 'savedmodel': [*PROJECT, 'jax', 'jaxlib']}
+FRAMEWORKS = {'stablehlo': ['jax', 'jaxlib'], 'savedmodel': ['tensorflow'],
+              'onnx': ['onnx', 'onnxruntime']}
+NEVER_IMPORTED = {form: [*PROJECT, *(name for other, names in FRAMEWORKS.items() if other != form
+                                     for name in names)] for form in FRAMEWORKS}
 # A fresh interpreter (-I: no project path, no user site) where those imports fail, running the
 # standalone loader from outside the project.
 LOAD = ('import runpy, sys\n'
@@ -70,46 +79,34 @@ def exported(run, tmp_path_factory):
     before = snapshot(live)
     result = export(f'--workdir={live}', f'--out={out}', f'--formats={",".join(FORMATS)}',
                     env=TENSORFLOW_LOGS_AT_IMPORT)
-    formats = list(FORMATS)  # What the export must hold: each one asked for.
-    if result.returncode and unreadable_by_tensorflow(result):  # This stack: StableHLO alone.
-      assert not out.exists()  # Nothing written, not even the format it could write.
-      result, formats = export(f'--workdir={live}', f'--out={out}', '--formats=stablehlo'), [
-          'stablehlo']
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr  # Every format, on every stack (JAX 0.12's too).
     assert snapshot(live) == before  # Not one byte, file or folder changed in the run directory.
-  return out, result.stdout, result.stderr, formats
-
-
-def unreadable_by_tensorflow(result: subprocess.CompletedProcess) -> bool:
-  """Whether export.py refused the SavedModel, in its one line, as TensorFlow cannot run this
-  JAX's StableHLO (TensorFlow 2.21 and JAX 0.12, Python 3.12 and later's pins)."""
-  lines = result.stderr.strip().splitlines()
-  return len(lines) == 1 and bool(re.fullmatch(
-      r'error: this TensorFlow \(\S+\) cannot run the program this JAX \(\S+\) writes, so no '
-      r'SavedModel was written; pass --formats=stablehlo, or export with the Python 3\.11 '
-      r'set-up \(make train PYTHON=python3\.11\), whose JAX it reads', lines[0]))
+  return out, result.stdout, result.stderr
 
 
 def probabilities_by_predict(workdir) -> np.ndarray:
   """predict.py's probabilities of MNIST's first test digits: its restore and forward pass."""
   config, restored = evaluation.restore_run(RunDirectory(workdir))
-  images = load_split(config.data, f'test[:{max(BATCH_SIZES)}]').images
+  images = load_split(config.data, f'test[:{COUNT}]').images
   return evaluation.probabilities(config, restored, images)
+
+
+def load_in_a_fresh_python(out, form: str, folder, *args: str) -> subprocess.CompletedProcess:
+  """serving/load_export.py in `python -I` from `folder`, unable to import this project or any
+  framework but the format's own."""
+  return subprocess.run(
+      [sys.executable, '-I', '-c', LOAD, ','.join(NEVER_IMPORTED[form]),
+       str(ROOT / 'serving' / 'load_export.py'), str(out), f'--format={form}', *args],
+      cwd=folder, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize('form', FORMATS)
 def test_each_format_loads_without_this_project_and_gives_predicts_probabilities(
     form, run, exported, tmp_path):
-  out, _, _, formats = exported
-  if form not in formats:  # Asked for, refused in one line, and StableHLO exported alone.
-    pytest.skip('this TensorFlow cannot run the StableHLO of this JAX: export.py says so in a line')
   saved = tmp_path / 'probabilities.npz'
-  loaded = subprocess.run(
-      [sys.executable, '-I', '-c', LOAD, ','.join(NEVER_IMPORTED[form]),
-       str(ROOT / 'serving' / 'load_export.py'), str(out), f'--format={form}',
-       f'--images={ROOT / "data" / "mnist" / "t10k-images-idx3-ubyte.gz"}',
-       f'--batch_sizes={",".join(map(str, BATCH_SIZES))}', f'--save={saved}'],
-      cwd=tmp_path, capture_output=True, text=True, timeout=300)
+  loaded = load_in_a_fresh_python(
+      exported[0], form, tmp_path, f'--images={MNIST_DIR / "t10k-images-idx3-ubyte.gz"}',
+      f'--batch_sizes={",".join(map(str, BATCH_SIZES))}', f'--count={COUNT}', f'--save={saved}')
   assert loaded.returncode == 0, loaded.stderr
   record = json.loads(loaded.stdout.strip().splitlines()[-1])
   # Any N: one symbolic batch dimension, uint8 images in, float32 probabilities out.
@@ -117,21 +114,22 @@ def test_each_format_loads_without_this_project_and_gives_predicts_probabilities
       'stablehlo': '(ShapedArray(uint8[N,28,28]),) -> (ShapedArray(float32[N,10]),)',
       'savedmodel': "{'images': TensorSpec(shape=(None, 28, 28), dtype=tf.uint8, name='images')} "
                     "-> {'probabilities': TensorSpec(shape=(None, 10), dtype=tf.float32, "
-                    "name='probabilities')}"}[form]
+                    "name='probabilities')}",
+      'onnx': "images: tensor(uint8) ['N', 28, 28] -> probabilities: tensor(float) ['N', 10]"}[form]
   expected = probabilities_by_predict(run)
   with np.load(saved) as results:
-    for size in BATCH_SIZES:
+    for size in BATCH_SIZES:  # The 1,000 digits in batches of 1, and of 37 (the last one of 1).
       got = results[f'batch{size}']
-      assert got.shape == (size, 10) and got.dtype == np.float32
-      np.testing.assert_allclose(got, expected[:size], rtol=0, atol=1e-5)
+      assert got.shape == (COUNT, 10) and got.dtype == np.float32
+      np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+      np.testing.assert_array_equal(got.argmax(axis=1), expected.argmax(axis=1))
   assert len(set(expected.argmax(axis=1))) > 5  # A trained classifier: the digits differ.
 
 
 def test_the_export_names_its_files_and_what_it_holds(run, exported):
-  out, stdout, stderr, formats = exported
-  files = {'stablehlo': 'model.jax_export', 'savedmodel': 'saved_model'}
+  out, stdout, stderr = exported
   manifest = json.loads((out / 'export.json').read_text())
-  assert manifest['files'] == {form: files[form] for form in formats}  # Each one asked for.
+  assert manifest['files'] == {form: FILES[form] for form in FORMATS}  # Each one asked for.
   assert manifest['epoch'] == 1  # The committed checkpoint, not the one being written.
   assert manifest['input'] == {'name': 'images', 'dtype': 'uint8', 'shape': ['N', 28, 28]}
   assert manifest['output'] == {'name': 'probabilities', 'dtype': 'float32', 'shape': ['N', 10]}
@@ -143,6 +141,13 @@ def test_the_export_names_its_files_and_what_it_holds(run, exported):
   lines = stderr.strip().splitlines()  # TensorFlow's notes at import are not among them.
   assert len(lines) == 1 and lines[0].startswith('exported the checkpoint of epoch 1 in '), stderr
   assert (out / 'model.jax_export').stat().st_size > 512 * 784 * 4  # The parameters are inside.
+  # How long each file loads is bounded by the versions that wrote it: named, file by file.
+  writers = {'model.jax_export': {'jax': jax.__version__, 'calling_convention_version': 10},
+             'saved_model': {'tensorflow': HAS_TENSORFLOW and importlib.metadata.version(
+                 'tensorflow-cpu')},
+             'model.onnx': {'onnx': HAS_ONNX and importlib.metadata.version('onnx'), 'opset': 17,
+                            'ir_version': 8}}
+  assert manifest['written_by'] == {FILES[form]: writers[FILES[form]] for form in FORMATS}
 
 
 def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported, tmp_path):
@@ -152,8 +157,7 @@ def test_an_export_is_replaced_only_with_overwrite_and_then_whole(run, exported,
   refused = export(f'--workdir={run}', f'--out={out}')
   lines = refused.stderr.strip().splitlines()
   assert refused.returncode == 1 and len(lines) == 1, refused.stderr
-  held = ', '.join(name for name in ('model.jax_export', 'saved_model', 'export.json')
-                   if (out / name).exists())
+  held = ', '.join(name for name in (*FILES.values(), 'export.json') if (out / name).exists())
   assert lines[0] == (f'error: {out} already holds an export ({held}); pass --overwrite to '
                       'replace it, or another --out')
   assert snapshot(out) == before
@@ -183,6 +187,9 @@ LOADER_MISTAKES = {
     'the other format': (lambda f: (f / 'out' / 'saved_model').mkdir(parents=True), ['{f}/out'],
                          '', 'holds no stablehlo export (model.jax_export); pass '
                          '--format=savedmodel, the format it holds'),
+    'no onnxruntime': (lambda f: (f / 'model.onnx').write_bytes(b'x'), ['{f}', '--format=onnx'],
+                       'onnxruntime', '--format=onnx needs onnxruntime (import of onnxruntime '
+                       'halted'),
     'no tensorflow': (lambda f: (f / 'out' / 'saved_model').mkdir(parents=True),
                       ['{f}/out', '--format=savedmodel'], 'tensorflow',
                       '--format=savedmodel needs tensorflow (import of tensorflow halted'),
@@ -224,7 +231,66 @@ def test_the_standalone_loader_s_help_says_what_it_is_whole_and_exits_0():
   assert helped.returncode == 0 and helped.stderr == ''
   described = ' '.join(helped.stdout.split('\n\n')[1].split())
   assert described.startswith('Classifies MNIST test digits with an export of export.py')
-  assert described.endswith('(StableHLO) or TensorFlow (the SavedModel), nothing else.')
+  assert described.endswith('(StableHLO), TensorFlow (the SavedModel) or onnxruntime (ONNX), '
+                            'nothing else.')
+
+
+# The small exports in tests/exports/, each written by the JAX release that its folder names (its
+# write.py says how), and the pairs (writer, reader) among them and the pinned JAX releases that
+# the reader refuses: a file of a newer release (jax.export promises 3 weeks of forward
+# compatibility), or of one older than the 6 months of backward compatibility. Others load.
+EXPORTS = ROOT / 'tests' / 'exports'
+WRITERS = sorted(path.name.removeprefix('jax-') for path in EXPORTS.glob('jax-*'))
+REFUSED = {('0.12.0.1', '0.10.2'): 'newer', ('0.8.1', '0.12.0.1'): 'older'}
+
+
+@pytest.mark.parametrize('writer', WRITERS)
+def test_a_jax_export_of_another_release_loads_or_names_both_releases_and_the_fix(writer,
+                                                                                  tmp_path):
+  folder, here = EXPORTS / f'jax-{writer}', jax.__version__
+  loaded = load_in_a_fresh_python(folder, 'stablehlo', tmp_path, '--batch_sizes=5',
+                                  f'--save={tmp_path / "probabilities.npz"}')
+  refused = REFUSED.get((writer, here))
+  if refused is None:
+    assert loaded.returncode == 0, loaded.stderr
+    with gzip.open(MNIST_DIR / 't10k-images-idx3-ubyte.gz') as f:
+      images = np.frombuffer(f.read(16 + 5 * 784)[16:], np.uint8).reshape(5, 28, 28)
+    logits = (images.astype(np.float32) / 255).mean(axis=2) @ WEIGHTS  # write.py's classifier.
+    expected = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(np.load(tmp_path / 'probabilities.npz')['batch5'], expected,
+                               rtol=0, atol=1e-6)
+    return
+  fix = {'newer': f'newer than this jax {here}, which cannot read it; load it with jax {writer} '
+                  f'or newer, or export the run again with jax {here}',
+         'older': f'older than this jax {here} reads (docs/export.md: how long each format '
+                  f'loads); export the run again with jax {here}, or load it with jax {writer}'}
+  lines = loaded.stderr.strip().splitlines()
+  assert loaded.returncode == 1 and loaded.stdout == '' and len(lines) == 1, loaded.stderr
+  assert lines[0].startswith(f'error: cannot load the stablehlo export in {folder} ('), lines[0]
+  assert lines[0].endswith(f'): model.jax_export was written by jax {writer}, {fix[refused]}')
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason='the ONNX extra is not installed here')
+def test_an_onnx_model_newer_than_this_onnxruntime_names_its_opset_and_the_fix(tmp_path):
+  """As a model that a newer onnx wrote, in the ONNX of years to come, reaches an older runtime."""
+  import onnx  # pylint: disable=g-import-not-at-top
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  graph = onnx.helper.make_graph(
+      [onnx.helper.make_node('Identity', ['images'], ['probabilities'])], 'future',
+      [onnx.helper.make_tensor_value_info('images', onnx.TensorProto.FLOAT, ['N', 10])],
+      [onnx.helper.make_tensor_value_info('probabilities', onnx.TensorProto.FLOAT, ['N', 10])])
+  onnx.save_model(onnx.helper.make_model(graph, ir_version=99, opset_imports=[
+      onnx.helper.make_opsetid('', 99)]), tmp_path / 'model.onnx')
+  (tmp_path / 'export.json').write_text(json.dumps({'written_by': {'model.onnx': {
+      'onnx': '9.0.0', 'opset': 99, 'ir_version': 99}}}))
+  loaded = load_in_a_fresh_python(tmp_path, 'onnx', tmp_path)
+  lines = loaded.stderr.strip().splitlines()
+  assert loaded.returncode == 1 and loaded.stdout == '' and len(lines) == 1, loaded.stderr
+  assert lines[0].startswith(f'error: cannot load the onnx export in {tmp_path} ('), lines[0]
+  assert lines[0].endswith(
+      f'): model.onnx holds ONNX opset 99 (IR version 99), which onnxruntime '
+      f'{onnxruntime.__version__} does not run; install a newer one (pip install -r '
+      'requirements/onnx.txt), or export the run again'), lines[0]
 
 
 def test_an_out_whose_folder_is_a_file_names_that_file_in_its_way(tmp_path):
@@ -248,6 +314,14 @@ def hide_tensorflow(folder) -> dict[str, str]:
   (folder / 'site' / 'tensorflow').mkdir(parents=True)
   (folder / 'site' / 'tensorflow' / '__init__.py').write_text(
       "raise ImportError(\"No module named 'tensorflow'\")\n")
+  return {'PYTHONPATH': str(folder / 'site')}
+
+
+def hide_onnx(folder) -> dict[str, str]:
+  """An environment where `import onnx` fails as it does where the ONNX extra is not installed."""
+  (folder / 'site' / 'onnx').mkdir(parents=True)
+  (folder / 'site' / 'onnx' / '__init__.py').write_text(
+      "raise ModuleNotFoundError(\"No module named 'onnx'\", name='onnx')\n")
   return {'PYTHONPATH': str(folder / 'site')}
 
 
@@ -276,8 +350,11 @@ MISTAKES = {
                        "has no module 'flatbuffers', which this project needs"),
     'out in the run': (lambda f, run: None, ['--workdir={run}', '--out={run}/export'], None,
                        'is inside the run directory'),
-    'unknown format': (lambda f, run: None, ['--workdir={run}', '--formats=onnx'], None,
-                       'no format named onnx; pass one or more of stablehlo,savedmodel'),
+    'no onnx': (lambda f, run: None, ['--workdir={run}', '--formats=stablehlo,onnx'], hide_onnx,
+                '--formats=onnx needs onnx (No module named \'onnx\'), an extra that `make train` '
+                'leaves out: pip install -r requirements/onnx.txt, or pass --formats=stablehlo'),
+    'unknown format': (lambda f, run: None, ['--workdir={run}', '--formats=tflite'], None,
+                       'no format named tflite; pass one or more of stablehlo,savedmodel,onnx'),
     'out is a file': (lambda f, run: (f / 'model').write_text('x'), ['--workdir={run}'], None,
                       'is a file; pass a folder'),
 }
