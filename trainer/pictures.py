@@ -287,14 +287,14 @@ def _draw_panel(page: Image.Image, panel: Panel, name: str, recipes: list[Recipe
     _draw_line(draw, panel, seeds.mean(axis=1), colour)
 
 
-def _notes(panels: list[Panel], recipes: list[Recipe]) -> list[str]:
+def curve_notes(panels: list[Panel], recipes: list[Recipe]) -> list[str]:
   """What the legend's entries leave unsaid: what a band spans, what a grey line is."""
-  curves = [seeds for panel in panels for seeds, _ in _curves(panel, recipes)]
+  curves = [(seeds, colour) for panel in panels for seeds, colour in _curves(panel, recipes)]
   notes = []
-  seeds = sorted({s.shape[1] for s in curves if s.shape[1] > 1})
+  seeds = sorted({s.shape[1] for s, _ in curves if s.shape[1] > 1})
   if seeds:
     notes.append(f'band: min to max over {" or ".join(map(str, seeds))} seeds')
-  if len(recipes) > 1 and any(s.shape[1] == 1 for s in curves):
+  if any(colour == GREY for _, colour in curves):
     models = sum(len(r.members) for r in recipes)
     notes.append(f'grey: the mean of all {models} models, where records lack each model\'s')
   return notes
@@ -310,7 +310,7 @@ def _legend_columns(recipes: list[Recipe]) -> tuple[int, int]:
 def _legend_rows(records: list[dict[str, Any]]) -> tuple[list[Recipe], list[str], int]:
   """The recipes, the notes and the rows of the legend that names them."""
   recipes = curve_recipes(records)
-  notes = _notes(curve_panels(records), recipes)
+  notes = curve_notes(curve_panels(records), recipes)
   return recipes, notes, -(-len(recipes) // _legend_columns(recipes)[1]) + bool(notes)
 
 
