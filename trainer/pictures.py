@@ -101,7 +101,7 @@ def draw_confusion(matrix: np.ndarray, title: str) -> np.ndarray:
 # Learning curves: three plots side by side, each PLOT_W x PLOT_H inside its frame, with room on its
 # left for the value ticks, above for its name and below for the epochs; the legend under them.
 PLOT_W, PLOT_H, INSET = 320, 280, 8  # A plot; its first and last epochs INSET inside the frame.
-Y_AXIS, PANEL_GAP, PANEL_TITLE, X_AXIS = 56, 20, 22, 40
+Y_AXIS, PANEL_GAP, PANEL_TITLE, X_AXIS = 56, 20, 22, 46
 PANEL_W = Y_AXIS + PLOT_W + PANEL_GAP
 LEGEND_TOP = HEADER + PANEL_TITLE + PLOT_H + X_AXIS
 LEGEND_ROW, SWATCH = 20, 28
