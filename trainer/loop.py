@@ -50,6 +50,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
     # with the checkpoint the run resumes from, not behind a picture that could not be written.
     run.checkpoints.wait()
     evaluation.draw_and_score_digits(run, state, config.num_epochs)
+    run.reporter.draw_curves()
     run.reporter.finished(record, run.checkpoints.save_pauses, config.seed)
     return record
 
@@ -63,8 +64,8 @@ def _train_and_evaluate_epoch(run: Run, state: steps.TrainState,
   evaluated = programs.evaluate(state)
   timing = (time.perf_counter() - start, train_seconds,
             programs.steps_per_epoch * run.config.batch_size)
-  return state, reporting.epoch_record(epoch, trained, evaluated, timing,
-                                       programs.learning_rate(epoch))
+  return state, run.reporter.epoch_record(epoch, trained, evaluated, timing,
+                                          programs.learning_rate(epoch))
 
 
 def _end_epoch(run: Run, record: dict[str, Any]) -> str | None:
