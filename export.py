@@ -25,8 +25,8 @@ _FORMATS = flags.DEFINE_list(
     'TensorFlow extra), an ONNX model (needs the ONNX extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
 _MEMBER = flags.DEFINE_integer(
-    'member', None, 'Of a run of several models: member K alone (0 to the count less 1) classifies, '
-    'not their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
+    'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
+    'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
 USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR '
          '[--formats=stablehlo,savedmodel,onnx] [--overwrite]')  # A path from here.

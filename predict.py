@@ -22,8 +22,8 @@ _WORKDIR = flags.DEFINE_string(
     'checkpoint that restores and verifies classifies the images, with the config saved with it.')
 _JSON = flags.DEFINE_bool('json', False, 'One JSON object per image instead of a line of text.')
 _MEMBER = flags.DEFINE_integer(
-    'member', None, 'Of a run of several models: member K alone (0 to the count less 1) classifies, '
-    'not their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
+    'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
+    'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
 USAGE = f'python {shown(__file__)} --workdir=RUN IMAGE_OR_FOLDER...'  # A path from here.
 
 

@@ -50,8 +50,7 @@ def _score(run: Run, restored: Restored) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
   evaluated = run.programs.evaluate(restored.state)
   per_digit = draw_and_score_digits(run, restored.state, restored.epoch)
-  return reporting.evaluation_record(restored.epoch, run.config.data.eval_split, evaluated,
-                                     per_digit)
+  return run.reporter.evaluation_record(restored.epoch, evaluated, per_digit)
 
 
 def _no_checkpoint(run_dir: RunDirectory, what_to_do: str) -> UserError:

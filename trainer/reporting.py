@@ -44,13 +44,6 @@ def format_duration(seconds: float) -> str:
   return f'{hours}h{minutes:02d}m'
 
 
-def evaluation_record(epoch: int, split: str, evaluated: dict[str, Any],
-                      per_digit: list[float | None]) -> dict[str, Any]:
-  """A checkpoint scored on the eval split: a record of eval.jsonl."""
-  return {'epoch': epoch, 'eval_split': split, **_prefixed('eval', evaluated),
-          'eval_accuracy_per_digit': per_digit}
-
-
 def _prefixed(split: str, figures: dict[str, Any]) -> dict[str, Any]:
   """A pass's figures as a record names them: `eval_loss`, `eval_ensemble_accuracy`."""
   return {f'{split}_{name}': value for name, value in figures.items()}
@@ -200,6 +193,13 @@ class Reporter:
     self._seconds: list[float] = []
     self._events: _EventsFile | None = None
 
+  def evaluation_record(self, epoch: int, evaluated: dict[str, Any],
+                        per_digit: list[float | None]) -> dict[str, Any]:
+    """A checkpoint scored on the eval split: a record of eval.jsonl (a sweep's members named)."""
+    return {'epoch': epoch, 'eval_split': self._split, **_prefixed('eval', evaluated),
+            'eval_accuracy_per_digit': per_digit,
+            **({'members': self._members} if self._members else {})}
+
   def epoch_record(self, epoch: int, trained: dict[str, Any], evaluated: dict[str, Any],
                    timing: tuple[float, float, int], learning_rate: Any) -> dict[str, Any]:
     """An epoch's record: its figures, its `timing` (seconds in all, seconds training, images
@@ -287,6 +287,8 @@ class Reporter:
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%'
              f'{members_part(record)}')
+    if 'members' in record:
+      self.sweep_table(record)
 
   def finished(self, record: dict[str, Any], save_pauses: list[float], seed: int) -> None:
     """The end of a run: its members' summary (their seeds from `seed`), or a sweep's table, where

@@ -79,7 +79,8 @@ def per_member(config: ml_collections.ConfigDict, name: str) -> tuple[float, ...
 
 
 # The flags of a run's command that a member's own command replaces.
-REPLACED = ('--config.sweep.', '--config.seed=', '--config.num_models=', '--workdir=')
+REPLACED = ('--config.sweep.', '--config.seed=', '--config.num_models=', '--config.eval_only',
+            '--workdir=')
 
 
 def command_of(member: Member, command: str, workdir: str) -> str:
