@@ -254,7 +254,7 @@ class Reporter:
     """curves.png, from every epoch's record (a resumed run's earlier ones too), and its
     TensorBoard image."""
     if self._records:
-      title = f'learning curves of {self._run_dir}, evaluated on {self._split}'
+      title = f'learning curves, evaluated on {self._split}'
       self.pictures({'curves': pictures.draw_curves(self._records, title)},
                     int(self._records[-1]['epoch']))
 
