@@ -1,5 +1,5 @@
-"""A sweep of learning rates in one launch of train.py beside a launch per rate, side by side: launch
-to exit, taking turns, on the validation split.
+"""A sweep of learning rates in one launch of train.py beside a launch per rate, side by side:
+launch to exit, taking turns, on the validation split.
 
   python -m benchmarks.sweep_launches [--config=configs/quick.py] [--rates=1e-3,2e-3,4e-3]
       [--repeats=1] [--overrides=num_epochs=30]
