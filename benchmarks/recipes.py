@@ -19,17 +19,13 @@ train[50000:]). --one_launch trains each recipe's seeds (consecutive ones) in on
       --sweep="learning_rate=(1e-3, 2e-3, 4e-3)"
 """
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 from absl import flags
 
-from benchmarks.workload import ROOT, parse_flags
-from errors import UsageError, UserError
+from benchmarks.workload import ROOT, launch_train, parse_flags
+from errors import UsageError
 from trainer import reporting, sweeps
 from trainer.host import Host
 
@@ -63,16 +59,9 @@ def train(config_file: str, recipe: str, seed: str, workdir: str,
   members = [f'num_models={num_models}'] if num_models > 1 else []
   swept = [f'sweep.{field}' for field in _SWEEP.value]
   fields = [*RECIPES[recipe], f'seed={seed}', *members, *swept, *_OVERRIDES.value]
-  command = [sys.executable, 'train.py', f'--config={config_file}:{_SPLITS.value}',
-             f'--workdir={workdir}', *(f'--config.{field}' for field in fields)]
-  start = time.perf_counter()
-  out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - start
-  if out.returncode != 0:
-    said = (out.stderr.strip().splitlines() or [f'exit status {out.returncode}'])[-1]
-    raise UserError(f'{config_file} {recipe} seed {seed} failed: {said.removeprefix("error: ")}')
-  with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
-    return json.loads(metrics.read().splitlines()[-1]), seconds
+  return launch_train([f'--config={config_file}:{_SPLITS.value}', f'--workdir={workdir}',
+                       *(f'--config.{field}' for field in fields)],
+                      f'{config_file} {recipe} seed {seed}')
 
 
 def row(config_file: str, recipe: str, seed: str, accuracy: float, seconds: str) -> None:

@@ -10,17 +10,12 @@ accuracy, then the launches' total over the sweep's, and the members' accuracies
 launches'.
 """
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 from absl import flags
 
-from benchmarks.workload import ROOT, parse_flags
-from errors import UserError
+from benchmarks.workload import launch_train, parse_flags
 from trainer.host import Host
 
 _CONFIG = flags.DEFINE_string('config', 'configs/quick.py', 'The config file, on :validation.')
@@ -32,17 +27,10 @@ _OVERRIDES = flags.DEFINE_list('overrides', [], 'More FIELD=VALUE for every run.
 def launch(*fields: str) -> tuple[dict, float]:
   """One train.py launch with these --config fields: its last record, and seconds launch to exit."""
   with tempfile.TemporaryDirectory() as workdir:
-    command = [sys.executable, 'train.py', f'--config={_CONFIG.value}:validation',
-               f'--workdir={workdir}', '--compilation_cache=off',
-               *(f'--config.{field}' for field in (*fields, *_OVERRIDES.value))]
-    start = time.perf_counter()
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-    seconds = time.perf_counter() - start
-    if out.returncode != 0:
-      said = (out.stderr.strip().splitlines() or [f'exit status {out.returncode}'])[-1]
-      raise UserError(f'a launch failed ({said.removeprefix("error: ")})')
-    with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
-      return json.loads(metrics.read().splitlines()[-1]), seconds
+    return launch_train([f'--config={_CONFIG.value}:validation', f'--workdir={workdir}',
+                         '--compilation_cache=off',
+                         *(f'--config.{field}' for field in (*fields, *_OVERRIDES.value))],
+                        f'the launch with {", ".join(fields)}')
 
 
 def main(argv: list[str]) -> None:

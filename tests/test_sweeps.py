@@ -13,7 +13,7 @@ from PIL import Image
 
 from tests.conftest import (ROOT, assert_same_numbers, line_of, make_config, member_records,
                             read_metrics, run_train)
-from tests.test_members import SETTINGS, TRAIN_COUNT
+from tests.test_members import SETTINGS, TRAIN_COUNT, train
 from tests.test_trainer import tensorboard_view
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
@@ -27,14 +27,6 @@ SWEPT = {'learning_rate': (1e-3, 3e-3), 'weight_decay': (1e-4, 0.05),
 def sweep_of(field: str, values: tuple[float, ...]) -> dict:
   """make_config's overrides that sweep `field` over `values`."""
   return {f'sweep__{field.replace(".", "__")}': values}
-
-
-def train(workdir, **overrides) -> str:
-  """Trains the members' settings with the overrides in `workdir`; what the run printed."""
-  printed = io.StringIO()
-  with contextlib.redirect_stdout(printed):
-    loop.train_and_evaluate(make_config(**{**SETTINGS, **overrides}), RunDirectory(workdir))
-  return printed.getvalue()
 
 
 @pytest.fixture(scope='module')
