@@ -38,7 +38,9 @@ def sweep_run(tmp_path_factory, mnist_dir):
   return workdir, printed
 
 
-@pytest.mark.parametrize('field', SWEPT)
+# learning_rate in the fast tests, every field in the slow ones.
+@pytest.mark.parametrize('field', [field if field == 'learning_rate' else
+                                   pytest.param(field, marks=pytest.mark.slow) for field in SWEPT])
 def test_a_member_trains_as_a_separate_run_with_its_value_would(field, tmp_path):
   values = SWEPT[field]
   train(tmp_path / 'sweep', **sweep_of(field, values))
