@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import (ROOT, assert_same_numbers, line_of, make_config, member_records,
-                            read_metrics, run_train)
+from tests.conftest import (ROOT, Recorder, assert_same_numbers, line_of, make_config,
+                            member_records, read_metrics, run_train)
 from tests.test_members import SETTINGS, TRAIN_COUNT, train
 from tests.test_trainer import tensorboard_view
 from trainer import evaluation, loop
@@ -103,17 +103,19 @@ def test_the_epoch_line_names_the_best_and_the_end_ranks_the_members(sweep_run):
 
 def test_a_sweep_scored_on_the_test_set_warns_that_its_choice_has_no_honest_test_score(tmp_path,
                                                                                       mnist_dir):
-  out = run_train('--config=configs/quick.py', f'--workdir={tmp_path}', '--config.num_epochs=1',
-                  '--config.data.train_split=train[:1024]', '--config.data.eval_split=test[:500]',
-                  '--config.model.hidden_sizes=(32,)',
-                  '--config.sweep.learning_rate=(1e-3, 2e-3)')
-  assert out.returncode == 0, out.stderr
-  assert out.stderr.splitlines() == [
-      'warning: the members were scored on the test set (test[:500]): a recipe chosen there has no '
-      'honest test score; choose on the validation split (--config=FILE:validation), then score '
-      'the chosen recipe on test']
+  host = Recorder()
+  with contextlib.redirect_stdout(io.StringIO()):
+    loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:1024]',
+                                        data__eval_split='test[:500]', model__hidden_sizes=(32,),
+                                        **sweep_of('learning_rate', (1e-3, 2e-3))),
+                            RunDirectory(tmp_path), host)
+  assert host.warnings == [
+      'the members were scored on the test set (test[:500]): a recipe chosen there has no honest '
+      'test score; choose on the validation split (--config=FILE:validation), then score the '
+      'chosen recipe on test']
 
 
+@pytest.mark.slow  # A run resumed for an epoch more.
 def test_curves_are_drawn_and_redrawn_when_the_run_goes_on(sweep_run, tmp_path):
   workdir = shutil.copytree(sweep_run[0], tmp_path / 'run')
   before = (workdir / 'curves.png').read_bytes()
