@@ -24,6 +24,9 @@ _FORMATS = flags.DEFINE_list(
     '(runs with JAX alone), a TensorFlow SavedModel in TensorFlow\'s own ops (needs the '
     'TensorFlow extra), an ONNX model (needs the ONNX extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
+_MEMBER = flags.DEFINE_integer(
+    'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
+    'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
 USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR '
          '[--formats=stablehlo,savedmodel,onnx] [--overwrite]')  # A path from here.
@@ -70,18 +73,20 @@ def main(argv: list[str], host: Host) -> None:
   workdir = RunDirectory(given)
   backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
   config, restored = evaluation.restore_run(workdir, host)
+  restored, which = evaluation.choose_member(config, restored, workdir, _MEMBER.value)
   # From here a signal unwinds, so that the staged copy is removed and an export there stays.
   host.unwind_on_signals('stopped by {signal} while writing the export; rerun the same command to '
                          'export the run')
   with out.staged() as staging:
     sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
                             {'run': str(workdir), 'epoch': restored.epoch,
-                             'models': config.num_models, 'config': restored.config})
+                             'models': int(restored.state.step.size), 'config': restored.config,
+                             'classifier': which.removeprefix(', ') or 'the run\'s one model'})
     # A signal waits while the files move into --out (a stop there would leave an old export part
     # gone, the new one part there); then the export, whole, is said, and the signal ends it.
     waiting = host.hold_signals()
   host.end_quietly()
-  report(out, sizes, restored.epoch, str(workdir), evaluation.ensemble_of(config))
+  report(out, sizes, restored.epoch, str(workdir), which)
   host.end_if_signalled(waiting)
 
 

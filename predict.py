@@ -21,6 +21,9 @@ _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
     'checkpoint that restores and verifies classifies the images, with the config saved with it.')
 _JSON = flags.DEFINE_bool('json', False, 'One JSON object per image instead of a line of text.')
+_MEMBER = flags.DEFINE_integer(
+    'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
+    'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
 USAGE = f'python {shown(__file__)} --workdir=RUN IMAGE_OR_FOLDER...'  # A path from here.
 
 
@@ -138,13 +141,14 @@ def main(argv: list[str], host: Host) -> None:
   workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
   backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
   config, restored = evaluation.restore_run(workdir, host)
+  restored, which = evaluation.choose_member(config, restored, workdir, _MEMBER.value)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   host.end_quietly()  # Every image is classified and said: a signal now only ends it.
   for line in unread:
     say(f'error: {line}', sys.stderr)
   left_out = f'; left out {len(unread)} that could not be read, each said above' if unread else ''
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {workdir}{evaluation.ensemble_of(config)}{left_out}',
+        f'epoch {restored.epoch} in {workdir}{which}{left_out}',
         file=sys.stderr)
   sys.exit(1 if unread else 0)
 

@@ -36,7 +36,9 @@ BYTES, THREEFRY, RBG = ('model dropout (bytes, a word per 4 units)',
 class BernoulliDropoutMLP(MLP):
   """The same MLP, its masks drawn as Flax's Dropout draws them: with jax.random.bernoulli."""
 
-  def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None) -> jax.Array:
+  def __call__(self, x: jax.Array, dropout_key: jax.Array | None = None,
+               dropout_rate: jax.Array | None = None) -> jax.Array:
+    del dropout_rate  # The model's own: no sweep here.
     x = x.reshape((x.shape[0], -1))
     for index, layer in enumerate(self.hidden):
       x = nnx.relu(layer(x))

@@ -18,10 +18,10 @@ import subprocess
 import sys
 import tempfile
 
-from absl import app
 from absl import flags
 
-from benchmarks.workload import ROOT
+from benchmarks.workload import ROOT, parse_flags
+from trainer.host import Host
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A trained run; default: configs/quick.py trained '
                                'now in a temporary folder.')
@@ -103,4 +103,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  Host().run(main, parse_flags)

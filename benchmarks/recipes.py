@@ -12,19 +12,21 @@ falls on all of them alike. Prints each run's final eval accuracy and its time f
 then each recipe's mean. Choose recipes with --splits=validation (train[:50000], scored on
 train[50000:]). --one_launch trains each recipe's seeds (consecutive ones) in one launch of
 `num_models`, each seed's model as its own launch would train it, and adds their ensemble.
+--sweep=FIELD=(V1, V2, ...) (repeatable) compares each recipe's sweep in one launch, its seeds as
+`num_models`: a row per member, best first:
+
+  python -m benchmarks.recipes --splits=validation --recipes=config --seeds=0 \
+      --sweep="learning_rate=(1e-3, 2e-3, 4e-3)"
 """
 
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 
 from absl import flags
 
-from benchmarks.workload import ROOT, parse_flags
-from errors import UsageError, UserError
+from benchmarks.workload import ROOT, launch_train, parse_flags
+from errors import UsageError
+from trainer import reporting, sweeps
 from trainer.host import Host
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
@@ -37,6 +39,9 @@ _RECIPES = flags.DEFINE_list('recipes', ['config', 'conventional'],
 _ONE_LAUNCH = flags.DEFINE_bool('one_launch', False, 'Each recipe\'s seeds in one launch with '
                                  'num_models, not a launch per seed; the seeds must be '
                                  'consecutive.')
+_SWEEP = flags.DEFINE_multi_string(
+    'sweep', [], 'FIELD=(V1, V2, ...): the values of a field to sweep, each recipe in one launch '
+    '(repeat it to cross several fields).')
 _OVERRIDES = flags.DEFINE_list('overrides', [],
                                'More FIELD=VALUE for every run, e.g. num_epochs=2.')
 
@@ -52,17 +57,11 @@ def train(config_file: str, recipe: str, seed: str, workdir: str,
   """One run of the recipe as a user launches it: (its last metrics record, seconds launch to
   exit); with num_models, of that many seeds from `seed` on."""
   members = [f'num_models={num_models}'] if num_models > 1 else []
-  fields = [*RECIPES[recipe], f'seed={seed}', *members, *_OVERRIDES.value]
-  command = [sys.executable, 'train.py', f'--config={config_file}:{_SPLITS.value}',
-             f'--workdir={workdir}', *(f'--config.{field}' for field in fields)]
-  start = time.perf_counter()
-  out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
-  seconds = time.perf_counter() - start
-  if out.returncode != 0:
-    said = (out.stderr.strip().splitlines() or [f'exit status {out.returncode}'])[-1]
-    raise UserError(f'{config_file} {recipe} seed {seed} failed: {said.removeprefix("error: ")}')
-  with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
-    return json.loads(metrics.read().splitlines()[-1]), seconds
+  swept = [f'sweep.{field}' for field in _SWEEP.value]
+  fields = [*RECIPES[recipe], f'seed={seed}', *members, *swept, *_OVERRIDES.value]
+  return launch_train([f'--config={config_file}:{_SPLITS.value}', f'--workdir={workdir}',
+                       *(f'--config.{field}' for field in fields)],
+                      f'{config_file} {recipe} seed {seed}')
 
 
 def row(config_file: str, recipe: str, seed: str, accuracy: float, seconds: str) -> None:
@@ -89,6 +88,18 @@ def one_launch_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
     row(config_file, recipe, 'mean', record['eval_accuracy'], f'{seconds:.1f}')
 
 
+def sweep_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
+  """Each recipe's sweep, its seeds too, in one launch: a row per member, best first, then the
+  launch's seconds beside the members' mean."""
+  for config_file, recipe in runs:
+    with tempfile.TemporaryDirectory() as workdir:
+      record, seconds = train(config_file, recipe, seeds[0], workdir, len(seeds))
+    for k in reporting.ranked(record):
+      print(f'{config_file:<22}{recipe:<14}{100 * record["eval_accuracy_by_member"][k]:>8.2f}%  '
+            f'{sweeps.label(record["members"][k])}', flush=True)
+    row(config_file, recipe, 'mean', record['eval_accuracy'], f'{seconds:.1f}')
+
+
 def launch_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
   """A launch per seed and recipe, seed by seed; then each recipe's mean."""
   results: dict[tuple[str, str], list[tuple[float, float]]] = {run: [] for run in runs}
@@ -108,6 +119,9 @@ def main(argv: list[str]) -> None:
   unknown = set(_RECIPES.value) - RECIPES.keys()
   if unknown:
     raise UsageError(f'--recipes: no recipe {sorted(unknown)}; use {", ".join(RECIPES)}')
+  if _SWEEP.value and not (consecutive(_SEEDS.value) or len(_SEEDS.value) == 1):
+    raise UsageError('--sweep trains each recipe\'s seeds s, s+1, ... in its launch, got '
+                     f'--seeds={",".join(_SEEDS.value)}; pass one, or consecutive ones')
   if _ONE_LAUNCH.value and not consecutive(_SEEDS.value):
     raise UsageError('--one_launch trains seeds s, s+1, ... together, got '
                      f'--seeds={",".join(_SEEDS.value)}; pass consecutive ones, e.g. --seeds=0,1,2')
@@ -120,7 +134,8 @@ def main(argv: list[str]) -> None:
   runs = list(dict.fromkeys([*runs, *((config_file, 'config') for config_file in _ALSO.value)]))
   print(f'splits {_SPLITS.value}, overrides {_OVERRIDES.value or "none"}', flush=True)
   print(f'{"config":<22}{"recipe":<14}{"seed":>9}{"eval accuracy":>16}{"seconds":>10}', flush=True)
-  (one_launch_each if _ONE_LAUNCH.value else launch_each)(runs, _SEEDS.value)
+  chosen = sweep_each if _SWEEP.value else one_launch_each if _ONE_LAUNCH.value else launch_each
+  chosen(runs, _SEEDS.value)
 
 
 if __name__ == '__main__':

@@ -3,7 +3,10 @@
 The flags, config, images, the trainer's epoch and the MLP's matmuls alone."""
 
 import functools
+import json
 import pathlib
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -193,3 +196,18 @@ def parse_flags(argv: list[str]) -> list[str]:
   if len(rest) > 1:
     raise UsageError(f'unexpected arguments {rest[1:]}; flags look like --FLAG=VALUE')
   return rest
+
+
+def launch_train(args: list[str], what: str) -> tuple[dict, float]:
+  """train.py with `args` (among them its --workdir), as a user launches it: its last metrics.jsonl
+  record, and the seconds from launch to exit; its failure a UserError naming `what` failed."""
+  start = time.perf_counter()
+  out = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
+                       text=True, check=False)
+  seconds = time.perf_counter() - start
+  if out.returncode != 0:
+    said = (out.stderr.strip().splitlines() or [f'exit status {out.returncode}'])[-1]
+    raise UserError(f'{what} failed: {said.removeprefix("error: ")}')
+  workdir = next(arg.split('=', 1)[1] for arg in args if arg.startswith('--workdir='))
+  with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
+    return json.loads(metrics.read().splitlines()[-1]), seconds

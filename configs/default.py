@@ -30,6 +30,7 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   _add_running(config)
   config.model = _model()
   config.data = _data(splits)
+  config.sweep = _sweep()
   return config
 
 
@@ -76,6 +77,18 @@ def _model() -> ml_collections.ConfigDict:
   model.hidden_sizes = (512, 512)
   model.dropout_rate = 0.2  # In steps of 1/256: 0.2 drops 51/256 = 0.19921875 of units.
   return model
+
+
+def _sweep() -> ml_collections.ConfigDict:
+  """Members that differ by these fields' values, trained side by side in one program (each value
+  of each field crossed, times num_models seeds): `--config.sweep.learning_rate="(1e-3, 2e-3)"`.
+  Empty: nothing swept."""
+  sweep = ml_collections.ConfigDict()
+  sweep.learning_rate = ()
+  sweep.weight_decay = ()  # For optimizer=adamw.
+  sweep.label_smoothing = ()
+  sweep.model = ml_collections.ConfigDict(dict(dropout_rate=()))
+  return sweep
 
 
 def _data(splits: str) -> ml_collections.ConfigDict:

@@ -1,5 +1,6 @@
 """The optax optimizers and learning-rate schedules this app trains with, from plain values."""
 
+import jax.numpy as jnp
 import optax
 
 OPTIMIZERS = ('sgd', 'momentum', 'adam', 'adamw')
@@ -28,6 +29,31 @@ def make_optimizer(name: str, rate: optax.Schedule, weight_decay: float = 0.0,
   if name == 'adam':
     return optax.adam(rate)
   return optax.adamw(rate, weight_decay=weight_decay)
+
+
+# The optimizer's hyperparameters a member of a sweep may set: values of its state.
+INJECTED = ('learning_rate', 'weight_decay')
+
+
+def make_injected_optimizer(name: str, unit_rate: optax.Schedule,
+                            momentum: float = 0.9) -> optax.GradientTransformation:
+  """One of OPTIMIZERS whose peak learning rate (scaling `unit_rate`, a schedule peaking at 1) and
+  weight decay are values of its state (optax's inject_hyperparams), not constants of the program:
+  members of a sweep, stacked, each update with their own. Set them in the state it initializes
+  (with_injected); until then they are 1 and 0."""
+  def factory(learning_rate: float, weight_decay: float) -> optax.GradientTransformation:
+    return make_optimizer(name, lambda count: learning_rate * unit_rate(count), weight_decay,
+                          momentum)
+  return optax.inject_hyperparams(factory)(learning_rate=1.0, weight_decay=0.0)
+
+
+def with_injected(opt_state: optax.OptState, values: dict[str, object]) -> optax.OptState:
+  """An injected optimizer's state with these values of its hyperparameters (arrays [M] for
+  members stacked), in the dtype it keeps them in."""
+  hyperparams = {**opt_state.hyperparams, **{  # type: ignore[attr-defined]
+      name: jnp.asarray(value, opt_state.hyperparams[name].dtype)  # type: ignore[attr-defined]
+      for name, value in values.items()}}
+  return opt_state._replace(hyperparams=hyperparams)  # type: ignore[attr-defined]
 
 
 def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:

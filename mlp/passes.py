@@ -19,14 +19,26 @@ from mlp import steps
 Data = tuple[jax.Array, jax.Array]  # A split's uint8 images [N, 784] and int32 labels [N].
 
 
+# Per member of a sweep, a value each: tuples in a spec, traced scalars within a member's epoch.
+PerMember = tuple[float, ...]
+
+
 @dataclasses.dataclass(frozen=True)
 class EpochSpec:
-  """How an epoch trains, fixed when it compiles: its batches, augmentation and device axis."""
+  """How an epoch trains, fixed when it compiles: its batches, augmentation and device axis; and
+  the loss's and dropout's hyperparameters, of members of a sweep one each (tuples)."""
   batch_size: int  # Global: device k of n takes piece k of every batch.
   max_shift: int = 0  # Pixels each way; 0: off.
   distortion: augment.Distortion = augment.Distortion()
   axis_name: str | None = None  # The mapped axis under shard_map or pmap; None on one device.
-  label_smoothing: float = 0.0  # The share of each label's mass spread over the ten classes.
+  label_smoothing: float | PerMember | jax.Array = 0.0  # The share of each label's mass spread.
+  dropout_rate: PerMember | jax.Array | None = None  # None: the model's own rate.
+
+  def per_member(self) -> dict[str, jax.Array]:
+    """The fields that members set each their own, as arrays [M]."""
+    return {name: jnp.asarray(value, jnp.float32)
+            for name, value in (('label_smoothing', self.label_smoothing),
+                                ('dropout_rate', self.dropout_rate)) if isinstance(value, tuple)}
 
 
 def _shard(axis_name: str | None) -> tuple[jax.Array, int]:
@@ -59,8 +71,10 @@ def train_batch(state: steps.TrainState, batch: steps.Batch, indices: jax.Array,
                 spec: EpochSpec) -> tuple[steps.TrainState, steps.Metrics]:
   """One step on the examples `indices` names, whose masks follow (key, global step, example): any
   number of devices and processes draws the same masks."""
+  assert not isinstance(spec.label_smoothing, tuple) and not isinstance(spec.dropout_rate, tuple), (
+      "a member's values: train_members picks them")
   return steps.train_step(state, batch, randomness.example_keys(dropout_key, state.step, indices),
-                          spec.axis_name, spec.label_smoothing)
+                          spec.axis_name, steps.Hyper(spec.label_smoothing, spec.dropout_rate))
 
 
 def train_epoch(state: steps.TrainState, data: Data, seed_key: jax.Array, epoch: jax.Array,
@@ -86,9 +100,16 @@ def train_epoch(state: steps.TrainState, data: Data, seed_key: jax.Array, epoch:
 def train_members(states: steps.TrainState, data: Data, seed_keys: jax.Array, epoch: jax.Array,
                   spec: EpochSpec) -> tuple[steps.TrainState, steps.Metrics]:
   """`train_epoch` of members whose states and seed keys are stacked [M], side by side by vmap over
-  the one copy of the data: member k trains as a run of its key alone would; sums come [M]."""
-  one = functools.partial(train_epoch, spec=spec)
-  return jax.vmap(one, in_axes=(0, None, 0, None))(states, data, seed_keys, epoch)
+  the one copy of the data: member k trains as a run of its key (and, in a sweep, of its values of
+  the spec's tuples) alone would; sums come [M]."""
+  per_member = spec.per_member()
+  if not per_member:
+    one = functools.partial(train_epoch, spec=spec)
+    return jax.vmap(one, in_axes=(0, None, 0, None))(states, data, seed_keys, epoch)
+
+  def member(state, seed_key, values):
+    return train_epoch(state, data, seed_key, epoch, dataclasses.replace(spec, **values))
+  return jax.vmap(member)(states, seed_keys, per_member)
 
 
 def _score_all(data: Data, batch_size: int, axis_name: str | None,

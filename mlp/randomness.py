@@ -19,11 +19,11 @@ def run_keys(seed: int | jax.Array) -> tuple[jax.Array, jax.Array]:
   return init_key, run_key
 
 
-def member_keys(seed: int, count: int) -> tuple[jax.Array, jax.Array]:
-  """Members' keys stacked [count]: member k's are seed + k's run keys, so it trains as that run."""
+def member_keys(seeds: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Members' keys stacked [M], of uint32 seeds [M]: member k's are its seed's run keys, so it
+  trains as that seed's run."""
   # In one vectorized call: a key at a time took minutes for thousands of members.
-  seeds = jnp.uint32(seed) + jnp.arange(count, dtype=jnp.uint32)  # seed + count <= 2**32.
-  return jax.vmap(run_keys)(seeds)
+  return jax.vmap(run_keys)(seeds.astype(jnp.uint32))
 
 
 def example_keys(key: jax.Array, time: jax.Array | int, indices: jax.Array) -> jax.Array:

@@ -1,6 +1,7 @@
 """Pure step functions over an explicit train state: easy to jit, pmap or scan."""
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,13 @@ from mlp.model import MLP
 
 Batch = dict[str, jax.Array]
 Metrics = dict[str, jax.Array]
+
+
+class Hyper(NamedTuple):
+  """A step's hyperparameters outside the optimizer: numbers fixed when the step compiles, or, for
+  the members of a sweep, each member's own, traced."""
+  label_smoothing: float | jax.Array = 0.0  # The share of each label's mass spread over the ten.
+  dropout_rate: jax.Array | None = None  # None: the model's own rate.
 
 
 class TrainState(nnx.TrainState):
@@ -44,9 +52,11 @@ def batch_metrics(logits: jax.Array, labels: jax.Array, mask: jax.Array | None =
           'count': jnp.sum(mask, dtype=jnp.int32)}
 
 
-def smoothed_losses(logits: jax.Array, labels: jax.Array, smoothing: float) -> jax.Array:
+def smoothed_losses(logits: jax.Array, labels: jax.Array,
+                    smoothing: float | jax.Array) -> jax.Array:
   """Cross-entropy against labels keeping 1 - `smoothing` of their mass, the rest spread evenly."""
-  if not smoothing:  # The integer-label form: the same bits as before smoothing was a choice.
+  if isinstance(smoothing, (int, float)) and not smoothing:  # The integer-label form: the same
+    # bits as before smoothing was a choice.
     return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
   targets = optax.smooth_labels(jax.nn.one_hot(labels, logits.shape[-1]), smoothing)
   return optax.softmax_cross_entropy(logits, targets)
@@ -54,7 +64,7 @@ def smoothed_losses(logits: jax.Array, labels: jax.Array, smoothing: float) -> j
 
 def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
                axis_name: str | None = None,
-               label_smoothing: float = 0.0) -> tuple[TrainState, Metrics]:
+               hyper: Hyper = Hyper()) -> tuple[TrainState, Metrics]:
   """One optimizer update on the batch's mean loss; gradients are averaged over `axis_name`.
 
   `dropout_keys` holds one key per example: an example's masks do not depend on its batch or device.
@@ -64,8 +74,9 @@ def train_step(state: TrainState, batch: Batch, dropout_keys: jax.Array,
   def loss_fn(params):
     model = state.model(params)
     # Mapped over examples so each draws from its own key; the matmuls stay whole-batch products.
-    logits = jax.vmap(lambda image, key: model(image[None], key)[0])(batch['image'], dropout_keys)
-    return jnp.mean(smoothed_losses(logits, batch['label'], label_smoothing)), logits
+    logits = jax.vmap(lambda image, key: model(image[None], key, hyper.dropout_rate)[0])(
+        batch['image'], dropout_keys)
+    return jnp.mean(smoothed_losses(logits, batch['label'], hyper.label_smoothing)), logits
 
   grads, logits = jax.grad(loss_fn, has_aux=True)(state.params)
   if axis_name is not None:

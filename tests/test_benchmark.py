@@ -289,6 +289,19 @@ def test_recipes_take_a_configs_seeds_from_one_launch_with_their_ensemble(mnist_
   assert len(rows['mean']) == 5 and len(rows['3']) == 4  # The launch's seconds, once.
 
 
+@pytest.mark.slow  # A benchmark script end to end, 15-20 s.
+def test_recipes_compare_a_sweep_in_one_launch_best_first(mnist_dir):
+  out = recipes('--sweep=learning_rate=(1e-3, 4e-3)', '--seeds=0', '--recipes=config',
+                '--splits=validation', '--overrides=num_epochs=1,data.train_split=train[:512]')
+  assert out.returncode == 0, out.stderr
+  rows = out.stdout.splitlines()[2:]
+  members = [(float(line.split()[2].rstrip('%')), line.split()[3]) for line in rows[:2]]
+  assert sorted(label for _, label in members) == ['learning_rate=0.001', 'learning_rate=0.004']
+  assert members[0][0] >= members[1][0]  # Best first.
+  mean = float(rows[2].split()[3].rstrip('%'))
+  assert mean == pytest.approx(sum(accuracy for accuracy, _ in members) / 2, abs=0.011)
+
+
 def test_recipes_refuse_seeds_one_launch_cannot_train_in_one_line():
   out = recipes('--one_launch', '--seeds=0,2')
   assert out.returncode == 2

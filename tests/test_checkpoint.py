@@ -29,7 +29,7 @@ from trainer import checkpoints as checkpoint
 from trainer import config_fields, config_rules
 from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
-from trainer.programs import keys_of, mode_and_mesh, recipe_of, state_template
+from trainer.programs import keys_of, member_count, mode_and_mesh, recipe_of, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 import library_errors
 from errors import UserError
@@ -82,7 +82,7 @@ def run_key(config):
 
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], config.num_models)
+  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], member_count(config))
   with Checkpoints(RunDirectory(workdir), config, run_key(config), Recorder(lambda _: None),
                    read_only=True) as checkpoints:
     return checkpoints.restore(template)
@@ -523,7 +523,7 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   before = snapshot(small_copy)
   with Checkpoints(RunDirectory(small_copy), config, run_key(config), Recorder(pytest.fail),
                    read_only=True) as checkpoints:
-    template = state_template(recipe_of(other, 1), mode_and_mesh(other)[1], other.num_models)
+    template = state_template(recipe_of(other, 1), mode_and_mesh(other)[1], member_count(other))
     message = line_of(lambda: checkpoints.restore(template))
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')
@@ -778,7 +778,7 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
 
 def ones_state(config):
   """A state of the config's shapes and placement, every value one: quick to save."""
-  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], config.num_models)
+  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], member_count(config))
   return jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
                       template)
 

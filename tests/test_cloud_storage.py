@@ -72,7 +72,7 @@ def test_killed_on_cloud_storage_it_resumes_exactly_and_predict_and_eval_only_re
   assert 'resumed from epoch' in resumed.stdout
   assert without_timings(records(workdir)) == without_timings(read_metrics(tmp_path / 'local'))
   written = names(workdir)
-  assert {'mistakes.png', 'confusion.png', 'run.lock'} <= written
+  assert {'mistakes.png', 'confusion.png', 'curves.png', 'run.lock'} <= written
   read = tmp_path / 'events'  # TensorBoard's reader shows each epoch once, as in metrics.jsonl:
   read.mkdir()  # the killed run's events object, and the resumed run's that purges its last ones.
   for name in (n for n in written if n.startswith('events.out.tfevents')):
@@ -80,7 +80,7 @@ def test_killed_on_cloud_storage_it_resumes_exactly_and_predict_and_eval_only_re
   scalars, images = tensorboard_view(read)
   assert scalars == pytest.approx(as_scalars(records(workdir)))
   assert {tag: [step for step, _ in drawn] for tag, drawn in images.items()} == {
-      'mistakes': [6], 'confusion': [6]}
+      'mistakes': [6], 'confusion': [6], 'curves': [6]}
   assert blob(f'{workdir}/run.lock').download_as_text() == ''  # Released at the end.
 
   evaluated = run_train(*args, f'--workdir={workdir}', '--config.eval_only=True')

@@ -16,7 +16,7 @@ from tests.conftest import (EVAL_COUNT, ROOT, Recorder, assert_same_numbers, mak
                             member_records, read_metrics, run_train, without_timings)
 from trainer import evaluation, loop
 from trainer.checkpoints import Checkpoints
-from trainer.programs import keys_of, make_mesh, recipe_of, state_template
+from trainer.programs import keys_of, make_mesh, member_count, recipe_of, state_template
 from trainer.run_dir import RunDirectory
 
 # Small and quick, with everything random on that a member must draw as its own seed's run would:
@@ -122,7 +122,7 @@ def test_a_resume_with_another_number_of_models_is_refused_in_one_line(members_r
   with Checkpoints(RunDirectory(workdir), other, keys_of(other)[1], Recorder(pytest.fail),
                    read_only=True) as saved:
     with pytest.raises(UserError) as error:
-      saved.restore(state_template(recipe_of(other, 1), make_mesh("jit"), other.num_models))
+      saved.restore(state_template(recipe_of(other, 1), make_mesh("jit"), member_count(other)))
   message = str(error.value)
   assert message.startswith(f'the checkpoint of epoch 2 in {workdir} was saved with num_models=3, '
                             'but this run has num_models=2; ') and '\n' not in message

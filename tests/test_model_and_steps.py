@@ -126,11 +126,11 @@ def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
 def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabilities():
   recipe = recipe_of(make_config(model__hidden_sizes=(16,)), steps_per_epoch=10)
   create = jax.jit(lambda key: create_state(recipe, key))  # Eager initialization takes seconds.
-  init_keys, run_keys = randomness.member_keys(4, 3)
+  init_keys, run_keys = randomness.member_keys(np.arange(4, 7, dtype=np.uint32))
   members = create(init_keys)
   assert members.step.shape == (3,)
   for seed in (0, 2**31 - 1, 2**32 - 2):  # Past int32, up to the last seed a config allows.
-    for k, key in enumerate(randomness.member_keys(seed, 2)[1]):
+    for k, key in enumerate(randomness.member_keys(np.array([seed, seed + 1], np.uint32))[1]):
       expected = jax.random.key_data(randomness.run_keys(seed + k)[1])
       assert jax.random.key_data(key).tolist() == expected.tolist()
   for k in range(3):

@@ -101,8 +101,8 @@ def test_a_device_out_of_memory_as_predict_classifies_names_a_fix_it_has(monkeyp
                                                   np.zeros((3, 784), np.uint8))) == said
 
 
-# predict.py made to receive a SIGTERM once it has printed every image's digit.
-STOPPED_AFTER = signalled_in('predict.py', 'trainer.evaluation', 'ensemble_of')
+# predict.py made to receive a SIGTERM as it exits, once it has said every image's digit.
+STOPPED_AFTER = signalled_in('predict.py', 'sys', 'exit')
 
 
 @pytest.mark.slow  # A fresh process that restores the run: 3-4 s.
@@ -113,7 +113,8 @@ def test_a_signal_once_every_digit_is_printed_ends_it_saying_nothing_more(quick_
   Image.fromarray(one).save(png)
   stopped = subprocess.run([sys.executable, '-c', STOPPED_AFTER, f'--workdir={quick_run[0]}',
                             str(png)], cwd=ROOT, capture_output=True, text=True, timeout=120)
-  assert stopped.returncode == 128 + 15 and stopped.stderr == '', stopped.stderr
+  assert stopped.returncode == 128 + 15, stopped.stderr
+  assert stopped.stderr == f'classified 1 image with the checkpoint of epoch 3 in {quick_run[0]}\n'
   assert stopped.stdout.startswith(f'{png}  ')
 
 
@@ -160,9 +161,14 @@ def image_tags(workdir) -> dict[str, list[tuple[int, int, int]]]:
           for tag in events.Tags()['images']}
 
 
-def assert_pictures(workdir, wrong: int, epoch: int) -> None:
-  """Both PNG files, of the sizes their content decides, and the same images in TensorBoard."""
+def assert_pictures(workdir, wrong: int, epoch: int, curves: bool = False) -> None:
+  """Both PNG files (and a training run's curves), of the sizes their content decides, and the
+  same images in TensorBoard."""
   sizes = {'mistakes': pictures.mistakes_size(wrong), 'confusion': pictures.CONFUSION_SIZE}
+  if curves:
+    records = read_metrics(workdir)
+    assert len(records) == epoch
+    sizes['curves'] = pictures.curves_size(records)
   for name, size in sizes.items():
     with Image.open(workdir / f'{name}.png') as image:
       assert (image.format, image.size, image.mode) == ('PNG', size, 'RGB')
@@ -176,7 +182,7 @@ def test_a_run_and_an_eval_only_draw_their_mistakes_and_confusion_matrix(quick_r
   final = read_metrics(workdir)[-1]
   wrong = round((1 - final['eval_accuracy']) * len(examples))
   assert wrong > 0
-  assert_pictures(workdir, wrong, config.num_epochs)
+  assert_pictures(workdir, wrong, config.num_epochs, curves=True)
   assert 'eval accuracy per digit: 0 ' in stdout
   drawn = {name: (workdir / f'{name}.png').read_bytes() for name in ('mistakes', 'confusion')}
 

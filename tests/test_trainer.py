@@ -64,7 +64,7 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   scalars, images = tensorboard_view(tmp_path)  # Each figure of each epoch, as in metrics.jsonl:
   assert scalars == pytest.approx(as_scalars(records))
   assert images == {name: [(2, (tmp_path / f'{name}.png').read_bytes())]
-                    for name in ('mistakes', 'confusion')}
+                    for name in ('mistakes', 'confusion', 'curves')}
   out = capsys.readouterr().out
   assert out.startswith('training on 2,000 images (train[:2000]), evaluating on 2,000 '
                         '(test[8000:]); 15 steps of 128 per epoch in float32, matmul precision '
@@ -89,7 +89,7 @@ def test_a_run_imports_no_torch_where_torch_is_installed(tmp_path, mnist_dir):
 def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_thread(
     tmp_path, monkeypatch):
   threads = set(threading.enumerate())
-  reporter = Reporter(RunDirectory(tmp_path), num_epochs=2, host=Recorder())
+  reporter = Reporter(RunDirectory(tmp_path), make_config(num_epochs=2), Recorder())
   reporter.start(0)
   [events] = tmp_path.glob('events.out.tfevents.*')
   started, inode = events.read_bytes(), events.stat().st_ino

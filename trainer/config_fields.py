@@ -12,6 +12,7 @@ from typing import Any
 import ml_collections
 
 from configs import default
+from trainer.sweeps import SWEEPABLE
 
 NAMED_AT_MOST = 4  # Fields a line names before it counts the rest.
 
@@ -68,10 +69,21 @@ def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -
   unread = [name for name in present if name not in expected]
   if not unread:
     return None
+  if said := unsweepable(unread[0]):
+    return said
   guessed = [f'{name} (did you mean {close}?)' if (close := close_field(name, expected)) else name
              for name in unread]
   return (f'{what} has {_listed(guessed)}, which no part of this project reads; rename or remove '
           f'{"them" if len(unread) > 1 else "it"}')
+
+
+def unsweepable(name: str) -> str | None:
+  """The line for a sweep of a field that no sweep can vary (None for any other name)."""
+  field = name.removeprefix('sweep.')
+  if field == name or field in SWEEPABLE:
+    return None
+  return (f'{field} cannot vary inside one program: a sweep varies {", ".join(SWEEPABLE)}; give '
+          f'each value of {field} its own run (--config.{field}=VALUE --workdir=...)')
 
 
 def close_field(name: str, names: list[str]) -> str | None:

@@ -17,7 +17,7 @@ import ml_collections
 from absl import flags
 
 from errors import UsageError, UserError, shown
-from trainer.config_fields import close_field, field_names, field_problem
+from trainer.config_fields import close_field, field_names, field_problem, unsweepable
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
@@ -139,6 +139,8 @@ def override_problem(config: ml_collections.ConfigDict,
     value: Any = config
     for key in name.split('.'):
       value = value.get(key, absent) if isinstance(value, ml_collections.ConfigDict) else absent
+    if value is absent and (said := unsweepable(name)):
+      return said
     if value is absent:
       close = close_field(name, field_names(config))
       return (f'the config has no field {name!r}; '

@@ -15,6 +15,7 @@ from errors import ConfigError, UserError
 from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
+from trainer import sweeps
 from trainer.config_fields import field_problem, fields
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
@@ -70,6 +71,7 @@ FREE_FIELDS = frozenset({
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {
     'dtype': 'float32', 'label_smoothing': 0.0, 'num_models': 1,
+    **{f'sweep.{name}': [] for name in sweeps.SWEEPABLE},  # As JSON saves an empty tuple.
     **{f'data.distort.{name}': value for name, value in dataclasses.asdict(Distortion()).items()}}
 
 
@@ -103,6 +105,17 @@ def _check_each_field(flat: dict[str, Any]) -> None:
   for field, choices in CHOICES.items():
     if flat[field] not in choices:
       raise ConfigError(field, f'must be one of {", ".join(choices)}', flat[field], choices[0])
+  _check_sweep(flat)
+
+
+def _check_sweep(flat: dict[str, Any]) -> None:
+  """Each swept field's values: a tuple, each value as the field itself takes it."""
+  for name in sweeps.SWEEPABLE:
+    values, (kind, within, fix) = flat[f'sweep.{name}'], NUMBERS[name]
+    if not (isinstance(values, (tuple, list))
+            and all(_is_number(value) and within(value) for value in values)):
+      raise ConfigError(f'sweep.{name}', f'must be a tuple of values of {name}, each {kind}',
+                        values, f'"({fix}, {float(fix) * 2:g})"')
 
 
 def _check_together(config: ml_collections.ConfigDict) -> None:
@@ -131,6 +144,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(problem)
   _check_each_field(fields(config))
   _check_together(config)
+  sweeps.check(config)
 
 
 def settings_to_warn_of(config: ml_collections.ConfigDict) -> list[str]:

@@ -1,14 +1,17 @@
 """Evaluating a saved run: `eval_only`, a rerun of a finished run, and a run as a classifier."""
 
+import dataclasses
+
 import jax
 import ml_collections
 import numpy as np
 
 from errors import During, UserError
 from mlp import passes, steps
-from trainer import checkpoints, config_fields, pictures, reporting
+from trainer import checkpoints, config_fields, pictures, reporting, sweeps
 from trainer.checkpoints import Restored
 from trainer.host import Host
+from trainer.programs import member_count
 from trainer.run import Run, open_run, open_saved
 from trainer.run_dir import RunDirectory
 
@@ -24,9 +27,8 @@ def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
 
 def ensemble_of(config: ml_collections.ConfigDict) -> str:
   """Words for what classifies when a run trains several models: their ensemble; '' for one."""
-  if config.num_models == 1:
-    return ''
-  return f', ensemble of {config.num_models} models (mean probabilities)'
+  count = member_count(config)
+  return f', ensemble of {count} models (mean probabilities)' if count > 1 else ''
 
 
 @During('evaluating')
@@ -48,8 +50,7 @@ def _score(run: Run, restored: Restored) -> dict:
   """The eval split's metrics of a restored state, as a record for eval.jsonl; draws pictures."""
   evaluated = run.programs.evaluate(restored.state)
   per_digit = draw_and_score_digits(run, restored.state, restored.epoch)
-  return reporting.evaluation_record(restored.epoch, run.config.data.eval_split, evaluated,
-                                     per_digit)
+  return run.reporter.evaluation_record(restored.epoch, evaluated, per_digit)
 
 
 def _no_checkpoint(run_dir: RunDirectory, what_to_do: str) -> UserError:
@@ -84,6 +85,7 @@ def report_finished(run: Run, restored: Restored) -> dict:
                    f'is {run.config.num_epochs} (raise --config.num_epochs to train on); final '
                    'metrics:')
   evaluated = _score(run, restored)
+  run.reporter.draw_curves()  # Redrawn: a run resumed from an older code may lack it.
   recorded = run.reporter.recorded(restored.epoch)
   if recorded:
     record = reporting.evaluated_again(recorded, evaluated)
@@ -112,6 +114,39 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None
   if restored is None:
     raise missing
   return config, restored
+
+
+def choose_member(config: ml_collections.ConfigDict, restored: Restored, run_dir: RunDirectory,
+                  member: int | None) -> tuple[Restored, str]:
+  """What classifies, and words that say which: the run's model, its members' ensemble, or one
+  member: `member`, or where none is given, a sweep's best on the eval split (metrics.jsonl's)."""
+  count = member_count(config)
+  if member is None and not sweeps.swept(config):
+    return restored, ensemble_of(config)
+  if not count:
+    raise UserError(f'--member={member}: the run in {run_dir} trains one model alone; leave '
+                    '--member out')
+  why = ''
+  if member is None:
+    member, why = _best_member(run_dir, restored.epoch, config), (
+        f', the best on {config.data.eval_split}')
+  if not 0 <= member < count:
+    raise UserError(f'--member={member}: the run in {run_dir} has members 0 to {count - 1}; pass '
+                    'one of those')
+  state = jax.tree.map(lambda leaf: leaf[member], restored.state)
+  said = sweeps.label(sweeps.members(config)[member].as_dict())
+  return dataclasses.replace(restored, state=state), f', member {member} ({said}){why}'
+
+
+def _best_member(run_dir: RunDirectory, epoch: int, config: ml_collections.ConfigDict) -> int:
+  """The member of the best eval accuracy in metrics.jsonl's record of `epoch`."""
+  recorded = [r for r in reporting.read_records(run_dir) if r.get('epoch') == epoch
+              and 'eval_accuracy_by_member' in r]
+  if not recorded:
+    raise UserError(f'{run_dir.file(reporting.METRICS_FILE)} holds no record of epoch {epoch} '
+                    f'that names its best member; pass --member=K (0 to '
+                    f'{member_count(config) - 1}) to choose one')
+  return reporting.ranked(recorded[-1])[0]
 
 
 @During('classifying')

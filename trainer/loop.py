@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from errors import UserError
 from mlp import steps
@@ -50,6 +51,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
     # with the checkpoint the run resumes from, not behind a picture that could not be written.
     run.checkpoints.wait()
     evaluation.draw_and_score_digits(run, state, config.num_epochs)
+    run.reporter.draw_curves()
     run.reporter.finished(record, run.checkpoints.save_pauses, config.seed)
     return record
 
@@ -63,8 +65,8 @@ def _train_and_evaluate_epoch(run: Run, state: steps.TrainState,
   evaluated = programs.evaluate(state)
   timing = (time.perf_counter() - start, train_seconds,
             programs.steps_per_epoch * run.config.batch_size)
-  return state, reporting.epoch_record(epoch, trained, evaluated, timing,
-                                       programs.learning_rate(epoch))
+  return state, run.reporter.epoch_record(epoch, trained, evaluated, timing,
+                                          programs.learning_rate(epoch))
 
 
 def _end_epoch(run: Run, record: dict[str, Any]) -> str | None:
@@ -109,8 +111,9 @@ def _schedule_change(run: Run, restored: Restored) -> str:
   """The learning rate's jump where a new num_epochs stretches the schedule; '' if it does not."""
   saved, config, programs = config_from_flat(restored.config), run.config, run.programs
   schedule = recipe_of(saved, programs.steps_per_epoch).schedule  # The saved config's own.
-  rates = [float(schedule(restored.epoch * programs.steps_per_epoch - 1)),
-           programs.learning_rate(restored.epoch)]  # The restored epoch's last update (metrics').
+  # The restored epoch's last update (metrics'), of a sweep of it the first member's.
+  rates = [np.ravel(schedule(restored.epoch * programs.steps_per_epoch - 1))[0],
+           np.ravel(programs.learning_rate(restored.epoch))[0]]
   if rates[0] == rates[1] or restored.epoch >= config.num_epochs:
     return ''
   return (f'; num_epochs {saved.num_epochs} -> {config.num_epochs} stretches the learning-rate '

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -18,6 +19,7 @@ from data.mnist import Examples
 from errors import ConfigError, During
 from mlp import augment, batches, optim, passes, randomness, steps
 from mlp.model import MLP
+from trainer import sweeps
 
 AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
 
@@ -95,48 +97,71 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
 
 def epoch_spec(config: ml_collections.ConfigDict, axis: str | None) -> passes.EpochSpec:
   """The one map from a config to how an epoch trains: its batches, augmentation and loss."""
-  return passes.EpochSpec(config.batch_size, config.data.max_shift,
-                         augment.Distortion(**config.data.distort), axis, config.label_smoothing)
+  return passes.EpochSpec(
+      config.batch_size, config.data.max_shift, augment.Distortion(**config.data.distort), axis,
+      sweeps.per_member(config, 'label_smoothing') or config.label_smoothing,
+      sweeps.per_member(config, 'model.dropout_rate'))
 
 
 class Recipe(NamedTuple):
   """The config's recipe as the plain values mlp/ takes: mlp/ knows nothing of configs."""
   model: Callable[..., MLP]  # Builds the model, given its nnx.Rngs.
-  schedule: optax.Schedule
+  schedule: optax.Schedule  # A sweep's of the learning rate: each member's rate, stacked.
   optimizer: optax.GradientTransformation
+  # In a sweep of the optimizer's values: each member's (mlp/optim.py's INJECTED), by name.
+  injected: tuple[tuple[str, tuple[float, ...]], ...] = ()
 
 
 def recipe_of(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Recipe:
   """The one map from a config to the model, the learning-rate schedule and the optimizer."""
   total = max(config.num_epochs * steps_per_epoch, 1)
   warmup = min(int(round(config.warmup_epochs * steps_per_epoch)), total - 1)
-  schedule = optim.learning_rate_schedule(config.learning_rate, config.schedule, warmup, total)
   model = functools.partial(MLP, tuple(config.model.hidden_sizes),
                             dropout_rate=config.model.dropout_rate, dtype=config.dtype)
-  return Recipe(model, schedule, optim.make_optimizer(config.optimizer, schedule,
-                                                        config.weight_decay, config.momentum))
+  if not set(optim.INJECTED) & set(sweeps.swept(config)):
+    schedule = optim.learning_rate_schedule(config.learning_rate, config.schedule, warmup, total)
+    return Recipe(model, schedule, optim.make_optimizer(config.optimizer, schedule,
+                                                          config.weight_decay, config.momentum))
+  unit = optim.learning_rate_schedule(1.0, config.schedule, warmup, total)
+  members = sweeps.members(config)
+  injected = tuple((name, tuple(float(sweeps.value_of(config, member, name))
+                                for member in members)) for name in optim.INJECTED)
+  peaks = jnp.asarray(dict(injected)['learning_rate'], jnp.float32)
+  return Recipe(model, lambda count: peaks * unit(count),
+                optim.make_injected_optimizer(config.optimizer, unit, config.momentum), injected)
 
 
 def create_state(recipe: Recipe, key: jax.Array) -> steps.TrainState:
   """Step 0 of the recipe: the model initialized from `key`, and its optimizer's state; from keys
   stacked [M], M members' states stacked."""
   create = functools.partial(steps.create_train_state, recipe.model, recipe.optimizer)
-  return create(key) if key.ndim == 0 else jax.vmap(create)(key)
+  if key.ndim == 0:
+    return create(key)
+  states = jax.vmap(create)(key)
+  if not recipe.injected:
+    return states
+  return dataclasses.replace(states, opt_state=optim.with_injected(states.opt_state,
+                                                                   dict(recipe.injected)))
 
 
 def keys_of(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
-  """The run's init and run keys: its seed's, or with num_models > 1, member k's from seed + k,
-  stacked."""
-  if config.num_models == 1:
+  """The run's init and run keys: its seed's, or, of members, each one's seed's, stacked."""
+  if not sweeps.stacked(config):
     return randomness.run_keys(config.seed)
-  return randomness.member_keys(config.seed, config.num_models)
+  seeds = np.array([member.seed for member in sweeps.members(config)], np.uint32)
+  return randomness.member_keys(jnp.asarray(seeds))
 
 
-def state_template(recipe: Recipe, mesh: Mesh, num_models: int = 1) -> steps.TrainState:
-  """The recipe's state (of `num_models` members) as shapes, dtypes and replicated sharding on the
-  mesh, computed without creating it (jax.eval_shape): what a fresh state fills, a checkpoint
-  restores into and the programs compile for (their optimizer is the recipe's)."""
-  keys = jax.random.key(0) if num_models == 1 else jax.random.split(jax.random.key(0), num_models)
+def member_count(config: ml_collections.ConfigDict) -> int:
+  """How many models a run stacks side by side: 0 for one model alone."""
+  return len(sweeps.members(config)) if sweeps.stacked(config) else 0
+
+
+def state_template(recipe: Recipe, mesh: Mesh, members: int = 0) -> steps.TrainState:
+  """The recipe's state (of `members` stacked, member_count's) as shapes, dtypes and replicated
+  sharding on the mesh, computed without creating it (jax.eval_shape): what a fresh state fills, a
+  checkpoint restores into and the programs compile for (their optimizer is the recipe's)."""
+  keys = jax.random.split(jax.random.key(0), members) if members else jax.random.key(0)
   abstract = jax.eval_shape(functools.partial(create_state, recipe), keys)
   sharding = NamedSharding(mesh, P())
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
@@ -201,10 +226,10 @@ class Programs:
     together = steps.summarize(ensemble)
     return {**figures(members), **{f'ensemble_{k}': v for k, v in together.items()}}
 
-  def learning_rate(self, epoch: int) -> float:
+  def learning_rate(self, epoch: int) -> float | list[float]:
     """The rate of the epoch's last update, whose optimizer count was the number of updates
-    before."""
-    return float(self.recipe.schedule(epoch * self.steps_per_epoch - 1))
+    before; in a sweep of it, each member's."""
+    return np.asarray(self.recipe.schedule(epoch * self.steps_per_epoch - 1)).tolist()
 
 
 def compile_programs(config: ml_collections.ConfigDict, train: Examples | None,
@@ -216,11 +241,12 @@ def compile_programs(config: ml_collections.ConfigDict, train: Examples | None,
   mode, mesh = where or mode_and_mesh(config)
   steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
   recipe, (init_key, run_key) = recipe_of(config, steps_per_epoch or 1), keys_of(config)
-  run_key, template = replicate(run_key, mesh), state_template(recipe, mesh, config.num_models)
+  run_key, template = replicate(run_key, mesh), state_template(recipe, mesh,
+                                                               member_count(config))
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
   train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(eval_examples)
   axis = None if mode == 'jit' else AXIS
-  members = config.num_models > 1  # Members side by side, or one model.
+  members = sweeps.stacked(config)  # Members side by side, or one model.
   with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
     train_program = None
     if train_data is not None:
@@ -240,12 +266,22 @@ def compile_programs(config: ml_collections.ConfigDict, train: Examples | None,
                   _placement(config, mode, mesh), time.perf_counter() - start)
 
 
+def _members_said(config: ml_collections.ConfigDict) -> str:
+  """Which members: their seeds, and in a sweep its fields' values."""
+  seeds = (f'seeds {config.seed} to {config.seed + config.num_models - 1}'
+           if config.num_models > 1 else f'seed {config.seed}')
+  fields = sweeps.swept(config)
+  said = '; '.join(f'{name} {", ".join(f"{value:g}" for value in values)}'
+                   for name, values in fields.items())
+  return f'{said}; each with {seeds}' if fields else seeds
+
+
 def _placement(config: ml_collections.ConfigDict, mode: str, mesh: Mesh) -> str:
   """How and where the epochs run, for the log."""
   across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
   per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
-  members = (f'; {config.num_models} models side by side (seeds {config.seed} to '
-             f'{config.seed + config.num_models - 1})' if config.num_models > 1 else '')
+  members = '' if not sweeps.stacked(config) else (
+      f'; {len(sweeps.members(config))} models side by side ({_members_said(config)})')
   return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
           f'{across}{per_device}{members}')
 

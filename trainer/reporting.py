@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import jax
+import ml_collections
 import numpy as np
 from PIL import Image
 # TensorBoard's own event protos and TFRecord framing (length, masked CRC32C): they import neither
@@ -19,7 +20,8 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
-from trainer.host import Host
+from trainer import pictures, sweeps
+from trainer.host import Host, this_command
 from trainer.run_dir import RunDirectory
 
 if TYPE_CHECKING:
@@ -42,23 +44,6 @@ def format_duration(seconds: float) -> str:
   return f'{hours}h{minutes:02d}m'
 
 
-def epoch_record(epoch: int, trained: dict[str, Any], evaluated: dict[str, Any],
-                 timing: tuple[float, float, int], learning_rate: float) -> dict[str, Any]:
-  """An epoch's record: its figures, its `timing` (seconds in all, seconds training, images
-  trained), its learning rate."""
-  seconds, train_seconds, images = timing
-  return {'epoch': epoch, **_prefixed('train', trained), **_prefixed('eval', evaluated),
-          'epoch_seconds': seconds, 'train_images_per_second': images / train_seconds,
-          'learning_rate': learning_rate}
-
-
-def evaluation_record(epoch: int, split: str, evaluated: dict[str, Any],
-                      per_digit: list[float | None]) -> dict[str, Any]:
-  """A checkpoint scored on the eval split: a record of eval.jsonl."""
-  return {'epoch': epoch, 'eval_split': split, **_prefixed('eval', evaluated),
-          'eval_accuracy_per_digit': per_digit}
-
-
 def _prefixed(split: str, figures: dict[str, Any]) -> dict[str, Any]:
   """A pass's figures as a record names them: `eval_loss`, `eval_ensemble_accuracy`."""
   return {f'{split}_{name}': value for name, value in figures.items()}
@@ -71,13 +56,33 @@ def evaluated_again(recorded: dict[str, Any], evaluated: dict[str, Any]) -> dict
 
 
 def members_part(record: dict[str, Any], split: str = 'eval') -> str:
-  """After a split's figures of members (which are their means): their range and the ensemble's
-  accuracy; '' for a lone model."""
+  """After a split's figures of members (which are their means): their range, the best of a
+  sweep's, and the ensemble's accuracy; '' for a lone model."""
   each = record.get(f'{split}_accuracy_by_member')
   if not each:
     return ''
-  return (f' (mean of {len(each)} models, {100 * min(each):.2f}-{100 * max(each):.2f}%; '
+  best = f'; best {sweeps.label(best_member(record))}' if 'members' in record else ''
+  return (f' (mean of {len(each)} models, {100 * min(each):.2f}-{100 * max(each):.2f}%{best}; '
           f'ensemble {100 * record[f"{split}_ensemble_accuracy"]:.2f}%)')
+
+
+def ranked(record: dict[str, Any]) -> list[int]:
+  """The members' indices by their eval accuracy, best first (the earlier member of a tie)."""
+  each = record['eval_accuracy_by_member']
+  return sorted(range(len(each)), key=lambda k: (-each[k], k))
+
+
+def best_member(record: dict[str, Any]) -> dict[str, Any]:
+  """The sweep's member (its values and seed) of the best eval accuracy in the record."""
+  return record['members'][ranked(record)[0]]
+
+
+def members_table(record: dict[str, Any], split: str) -> list[str]:
+  """A sweep's members by eval accuracy, a line each, best first."""
+  each = record['eval_accuracy_by_member']
+  return [f'members by eval accuracy on {split}, epoch {record["epoch"]}:', *(
+      f'  {100 * each[k]:6.2f}%  eval loss {record["eval_loss_by_member"][k]:.4f}  member {k}: '
+      f'{sweeps.label(record["members"][k])}' for k in ranked(record))]
 
 
 def members_summary(record: dict[str, Any], seed: int) -> str:
@@ -100,13 +105,16 @@ def format_line(record: dict[str, Any], num_epochs: int, eta_seconds: float) -> 
 
 
 def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
-  """A record's TensorBoard scalars by tag; a list of members' figures, one per member (`/0`...)."""
+  """A record's TensorBoard scalars by tag; a list of members' figures, one per member, tagged by
+  its values in a sweep (`/learning_rate=0.002 seed=0`), else by its place (`/0`...)."""
   tagged: list[tuple[str, float]] = []
+  members = [sweeps.label(m) for m in record.get('members', [])]
   for name, value in record.items():
     tag = TAGS.get(name, name.replace('_', '/', 1))
-    if isinstance(value, list):
-      tagged.extend((f'{tag}/{member}', each) for member, each in enumerate(value))
-    elif name != 'epoch':
+    if isinstance(value, list) and name != 'members':
+      tagged.extend((f'{tag}/{members[k] if members else k}', each)
+                    for k, each in enumerate(value))
+    elif not isinstance(value, list) and name != 'epoch':
       tagged.append((tag, value))
   return tagged
 
@@ -175,12 +183,32 @@ class Reporter:
   the same records, so there is one set of files and one log.
   """
 
-  def __init__(self, run_dir: RunDirectory, num_epochs: int, host: Host):
-    self._run_dir, self._num_epochs, self._host = run_dir, num_epochs, host
-    self._writes = host.primary
+  def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, host: Host):
+    self._run_dir, self._num_epochs, self._host = run_dir, config.num_epochs, host
+    self._split, self._writes = config.data.eval_split, host.primary
+    # A sweep's members, as each record names them (a run of seeds alone needs no names).
+    self._members = ([member.as_dict() for member in sweeps.members(config)]
+                     if sweeps.swept(config) else None)
     self._records: list[dict] = []
     self._seconds: list[float] = []
     self._events: _EventsFile | None = None
+
+  def evaluation_record(self, epoch: int, evaluated: dict[str, Any],
+                        per_digit: list[float | None]) -> dict[str, Any]:
+    """A checkpoint scored on the eval split: a record of eval.jsonl (a sweep's members named)."""
+    return {'epoch': epoch, 'eval_split': self._split, **_prefixed('eval', evaluated),
+            'eval_accuracy_per_digit': per_digit,
+            **({'members': self._members} if self._members else {})}
+
+  def epoch_record(self, epoch: int, trained: dict[str, Any], evaluated: dict[str, Any],
+                   timing: tuple[float, float, int], learning_rate: Any) -> dict[str, Any]:
+    """An epoch's record: its figures, its `timing` (seconds in all, seconds training, images
+    trained), its learning rate (in a sweep of it, each member's), a sweep's members."""
+    seconds, train_seconds, images = timing
+    return {'epoch': epoch, **_prefixed('train', trained), **_prefixed('eval', evaluated),
+            'epoch_seconds': seconds, 'train_images_per_second': images / train_seconds,
+            'learning_rate': learning_rate,
+            **({'members': self._members} if self._members else {})}
 
   def start(self, start_epoch: int) -> None:
     """Opens the files for epochs after `start_epoch`, dropping any record past it."""
@@ -222,6 +250,14 @@ class Reporter:
       self._events = _EventsFile(self._run_dir, f'.eval-epoch-{epoch}')
     self._events.write(Event(step=epoch, summary=Summary(value=images)))
 
+  def draw_curves(self) -> None:
+    """curves.png, from every epoch's record (a resumed run's earlier ones too), and its
+    TensorBoard image."""
+    if self._records:
+      title = f'learning curves, evaluated on {self._split}'
+      self.pictures({'curves': pictures.draw_curves(self._records, title)},
+                    int(self._records[-1]['epoch']))
+
   @contextlib.contextmanager
   def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
     """Traces what runs inside with jax.profiler into the run directory (TensorBoard, Perfetto)."""
@@ -251,16 +287,36 @@ class Reporter:
     self.log(f'checkpoint of epoch {record["epoch"]} on {record["eval_split"]}: '
              f'eval loss {record["eval_loss"]:.4f} acc {100 * record["eval_accuracy"]:6.2f}%'
              f'{members_part(record)}')
+    if 'members' in record:
+      self.sweep_table(record)
 
   def finished(self, record: dict[str, Any], save_pauses: list[float], seed: int) -> None:
-    """The end of a run: its members' summary (their seeds from `seed`), where the last checkpoint
-    is, and how long saves held training up."""
-    if 'eval_accuracy_by_member' in record:
+    """The end of a run: its members' summary (their seeds from `seed`), or a sweep's table, where
+    the last checkpoint is, and how long saves held training up."""
+    if 'members' in record:
+      self.sweep_table(record)
+    elif 'eval_accuracy_by_member' in record:
       self.log(members_summary(record, seed))
     pauses = sorted(save_pauses)
     self.log(f'saved the checkpoint of epoch {self._num_epochs} in {self._run_dir} (training '
              f'paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; orbax writes in '
              'the background)')
+
+
+  def sweep_table(self, record: dict[str, Any]) -> None:
+    """A sweep's members by eval accuracy, the best one's command to train it alone, and a warning
+    where they were scored on the test set: a recipe chosen there has no honest test score."""
+    for line in members_table(record, self._split):
+      self.log(line)
+    best = ranked(record)[0]
+    member = sweeps.Member(int(record['members'][best]['seed']), {
+        name: value for name, value in record['members'][best].items() if name != 'seed'})
+    self.log(f'best: member {best}, {sweeps.label(record["members"][best])}; trains alone with: '
+             f'{sweeps.command_of(member, this_command(), f"{self._run_dir}-member{best}")}')
+    if self._split.split('[')[0].strip() == 'test':
+      self._host.warn(f'the members were scored on the test set ({self._split}): a recipe chosen '
+                      'there has no honest test score; choose on the validation split '
+                      '(--config=FILE:validation), then score the chosen recipe on test')
 
 
 def start_line(run: 'Run') -> str:

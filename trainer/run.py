@@ -13,8 +13,8 @@ from data.mnist import Examples, load_splits
 from mlp import steps
 from trainer.checkpoints import Checkpoints, Restored, refuse_other_numbers
 from trainer.host import Host
-from trainer.programs import (Programs, compile_programs, keys_of, make_mesh, mode_and_mesh,
-                              recipe_of, state_template)
+from trainer.programs import (Programs, compile_programs, keys_of, make_mesh, member_count,
+                              mode_and_mesh, recipe_of, state_template)
 from trainer.reporting import Reporter
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import RunLock
@@ -49,7 +49,7 @@ def open_saved(config: ml_collections.ConfigDict, run_dir: RunDirectory,
                host: Host) -> Iterator[Saved]:
   """A run's checkpoints, read on one device whatever the run trained on (predict.py, export.py)."""
   run_dir.check_usable()
-  template = state_template(recipe_of(config, 1), make_mesh('jit'), config.num_models)
+  template = state_template(recipe_of(config, 1), make_mesh('jit'), member_count(config))
   with Checkpoints(run_dir, config, keys_of(config)[1], host, read_only=True) as checkpoints:
     yield Saved(config, run_dir, host, template, checkpoints)
 
@@ -74,7 +74,7 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Hos
     run_dir.check_usable()  # A folder this user may not list is said before its checkpoints.
     refuse_other_numbers(run_dir, config)
   train, eval_examples = _examples(config, evaluate_only)
-  reporter = Reporter(run_dir, config.num_epochs, host)
+  reporter = Reporter(run_dir, config, host)
   if host.primary:
     run_dir.make()  # Before the lock, whose file is in it.
   with contextlib.ExitStack() as stack:
