@@ -13,6 +13,13 @@ from trainer.host import nowhere
 HELP_FLAGS = frozenset({'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'})
 
 
+def define_member_flag() -> flags.FlagHolder[int | None]:
+  """--member of the commands that classify with a run (predict.py, export.py)."""
+  return flags.DEFINE_integer(
+      'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
+      'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
+
+
 def parse_or_help(argv: list[str]) -> list[str]:
   """absl's parsing for every command: --help and its kin end the program once the help is written
   (0, or where it could not be written, that line, never blaming a flag), and absl then logs

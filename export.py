@@ -10,7 +10,7 @@ if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one lin
 # pylint: disable=wrong-import-position
 from absl import flags
 
-from command import parse_tool_flags
+from command import define_member_flag, parse_tool_flags
 from errors import UsageError, shown
 from serving.folder import FILES, MANIFEST, OutFolder
 from trainer.host import Host, say
@@ -24,9 +24,7 @@ _FORMATS = flags.DEFINE_list(
     '(runs with JAX alone), a TensorFlow SavedModel in TensorFlow\'s own ops (needs the '
     'TensorFlow extra), an ONNX model (needs the ONNX extra).')
 _OVERWRITE = flags.DEFINE_bool('overwrite', False, 'Replace an export already in --out.')
-_MEMBER = flags.DEFINE_integer(
-    'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
-    'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
+_MEMBER = define_member_flag()
 FORMAT_CHOICE = f'one or more of {",".join(FILES)} to --formats'
 USAGE = (f'python {shown(__file__)} --workdir=RUN --out=DIR '
          '[--formats=stablehlo,savedmodel,onnx] [--overwrite]')  # A path from here.
@@ -68,12 +66,10 @@ def main(argv: list[str], host: Host) -> None:
   # pylint: disable=g-import-not-at-top; after the flags, for --help
   from serving import artifacts
   artifacts.require_extras(formats)  # Before the checkpoint is read.
-  from trainer import backend, evaluation
+  from trainer import evaluation
   from trainer.run_dir import RunDirectory
   workdir = RunDirectory(given)
-  backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
-  config, restored = evaluation.restore_run(workdir, host)
-  restored, which = evaluation.choose_member(config, restored, workdir, _MEMBER.value)
+  config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   # From here a signal unwinds, so that the staged copy is removed and an export there stays.
   host.unwind_on_signals('stopped by {signal} while writing the export; rerun the same command to '
                          'export the run')

@@ -13,7 +13,7 @@ if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one lin
 import numpy as np
 from absl import flags
 
-from command import parse_tool_flags
+from command import define_member_flag, parse_tool_flags
 from errors import During, UsageError, UserError, shown
 from trainer.host import Host, say
 
@@ -21,9 +21,7 @@ _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
     'checkpoint that restores and verifies classifies the images, with the config saved with it.')
 _JSON = flags.DEFINE_bool('json', False, 'One JSON object per image instead of a line of text.')
-_MEMBER = flags.DEFINE_integer(
-    'member', None, 'Of a run of several models: member K alone (0 to the count less 1), not '
-    'their ensemble; a sweep\'s best member on its eval split by default.', lower_bound=0)
+_MEMBER = define_member_flag()
 USAGE = f'python {shown(__file__)} --workdir=RUN IMAGE_OR_FOLDER...'  # A path from here.
 
 
@@ -136,12 +134,10 @@ def main(argv: list[str], host: Host) -> None:
     raise UserError(unread[-1])
   os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
   # pylint: disable=g-import-not-at-top; after the flags and the images, which need none of it
-  from trainer import backend, evaluation
+  from trainer import evaluation
   from trainer.run_dir import RunDirectory
   workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
-  backend.start(cpu_will_do=True)  # One device reads a run: the CPU beside a TPU's training.
-  config, restored = evaluation.restore_run(workdir, host)
-  restored, which = evaluation.choose_member(config, restored, workdir, _MEMBER.value)
+  config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
   host.end_quietly()  # Every image is classified and said: a signal now only ends it.
   for line in unread:

@@ -49,11 +49,10 @@ def make_injected_optimizer(name: str, unit_rate: optax.Schedule,
 
 def with_injected(opt_state: optax.OptState, values: dict[str, object]) -> optax.OptState:
   """An injected optimizer's state with these values of its hyperparameters (arrays [M] for
-  members stacked), in the dtype it keeps them in."""
-  hyperparams = {**opt_state.hyperparams, **{  # type: ignore[attr-defined]
-      name: jnp.asarray(value, opt_state.hyperparams[name].dtype)  # type: ignore[attr-defined]
-      for name, value in values.items()}}
-  return opt_state._replace(hyperparams=hyperparams)  # type: ignore[attr-defined]
+  members stacked), in the dtype it keeps them in: optax's own setter of a state's values."""
+  return optax.tree_utils.tree_set(opt_state, **{
+      name: jnp.asarray(value, optax.tree_utils.tree_get(opt_state, name).dtype)
+      for name, value in values.items()})
 
 
 def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:

@@ -280,36 +280,37 @@ def _none_restores(directory: str, damaged: list[tuple[int, str]]) -> None:
                     'ones back from a backup, or move the numbered folders away to start over')
 
 
-def _saved_config(run_dir: RunDirectory, epoch: int) -> dict[str, Any] | str:
-  """The flat config saved with a checkpoint, or why its metadata is damaged."""
-  try:
-    return _read(run_dir.name, epoch, 'metadata', lambda: _read_meta(run_dir, epoch))['config']
-  except _Damaged as damage:
-    return str(damage)
+def _newest_config(run_dir: RunDirectory) -> tuple[tuple[int, dict[str, Any]] | None,
+                                                   list[tuple[int, str]]]:
+  """The newest checkpoint whose metadata reads and the flat config it was saved with (None if
+  none reads), and (epoch, why) of each newer one whose metadata is damaged."""
+  damaged: list[tuple[int, str]] = []
+  for epoch in reversed(run_dir.checkpoint_epochs()):
+    try:
+      meta = _read(run_dir.name, epoch, 'metadata', lambda: _read_meta(run_dir, epoch))
+    except _Damaged as damage:
+      damaged.append((epoch, str(damage)))
+      continue
+    return (epoch, meta['config']), damaged
+  return None, damaged
 
 
 def saved_config(run_dir: RunDirectory) -> tuple[int, dict[str, Any]] | None:
   """The newest checkpoint whose metadata reads, and the flat config it was saved with: what the
   run trained. None when `run_dir` holds no checkpoint; UserError when none of them can be read."""
-  damaged: list[tuple[int, str]] = []
-  for epoch in reversed(run_dir.checkpoint_epochs()):
-    found = _saved_config(run_dir, epoch)
-    if isinstance(found, dict):
-      return epoch, found
-    damaged.append((epoch, found))
-  _none_restores(run_dir.name, damaged)
-  return None
+  found, damaged = _newest_config(run_dir)
+  if found is None:
+    _none_restores(run_dir.name, damaged)
+  return found
 
 
 def refuse_other_numbers(run_dir: RunDirectory, config: ml_collections.ConfigDict) -> None:
   """A resume whose config trains other numbers than the newest readable checkpoint's is refused
   before the data loads and anything compiles; damage is left to Checkpoints.restore."""
-  for epoch in reversed(run_dir.checkpoint_epochs()):
-    found = _saved_config(run_dir, epoch)
-    if isinstance(found, dict):
-      config_rules.check_resumable(found, config_fields.flat_config(config),
-                                   f'the checkpoint of epoch {epoch} in {run_dir.name}')
-      return
+  found, _ = _newest_config(run_dir)
+  if found is not None:
+    config_rules.check_resumable(found[1], config_fields.flat_config(config),
+                                 f'the checkpoint of epoch {found[0]} in {run_dir.name}')
 
 
 class Checkpoints:

@@ -8,7 +8,7 @@ import numpy as np
 
 from errors import During, UserError
 from mlp import passes, steps
-from trainer import checkpoints, config_fields, pictures, reporting, sweeps
+from trainer import backend, checkpoints, config_fields, pictures, reporting, sweeps
 from trainer.checkpoints import Restored
 from trainer.host import Host
 from trainer.programs import member_count
@@ -114,6 +114,16 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None
   if restored is None:
     raise missing
   return config, restored
+
+
+def classifier(run_dir: RunDirectory, host: Host,
+               member: int | None) -> tuple[ml_collections.ConfigDict, Restored, str]:
+  """What predict.py and export.py classify with: the run's config, its newest good checkpoint on
+  one device (the CPU beside a TPU's training will do), the member chosen (choose_member's), and
+  words that say which."""
+  backend.start(cpu_will_do=True)
+  config, restored = restore_run(run_dir, host)
+  return config, *choose_member(config, restored, run_dir, member)
 
 
 def choose_member(config: ml_collections.ConfigDict, restored: Restored, run_dir: RunDirectory,

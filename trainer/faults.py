@@ -1,7 +1,8 @@
 """Where faults become the user's lines: an error, and what the program was doing when it met it
 (errors.During), to the one line that names the problem and its fix. A table read top to bottom:
 the first row whose kind matches words the line; an error of no row is a fault of the code, its
-traceback kept. Nothing here is imported before it is needed: a command's start stays fast."""
+traceback kept. It imports the standard library and the project's error modules alone, and looks
+for a library's errors only where that library is imported: a command's start stays fast."""
 
 from __future__ import annotations
 
@@ -63,6 +64,17 @@ def _of(*kinds: type) -> Callable[[BaseException], BaseException | None]:
   return lambda error: first_cause(error, lambda cause: isinstance(cause, kinds))
 
 
+def _kinds(module: str, *names: str) -> tuple[type, ...]:
+  """Exception classes of a library imported already (none if it is not: no error is of its)."""
+  loaded = sys.modules.get(module)
+  return tuple(getattr(loaded, name) for name in names) if loaded else ()
+
+
+def _of_library(module: str, *names: str) -> Callable[[BaseException], BaseException | None]:
+  """The first of an error's causes of these classes of `module`'s, where it is imported."""
+  return lambda error: _of(*_kinds(module, *names))(error)
+
+
 def _jax_error(cause: BaseException) -> bool:
   jax = sys.modules.get('jax')  # Not imported: no error of its.
   return jax is not None and isinstance(cause, jax.errors.JaxRuntimeError)
@@ -97,26 +109,11 @@ def _missing_module(error: BaseException) -> BaseException | None:
   return missing
 
 
-def _kinds(module: str, *names: str) -> tuple[type, ...]:
-  """Exception classes of a library imported already (none if it is not: no error is of its)."""
-  loaded = sys.modules.get(module)
-  return tuple(getattr(loaded, name) for name in names) if loaded else ()
-
-
-def _of_library(module: str, *names: str) -> Callable[[BaseException], BaseException | None]:
-  """The first of `error`'s causes of these classes of `module`'s, if it is imported."""
-  def matches(error: BaseException) -> BaseException | None:
-    kinds = _kinds(module, *names)
-    return first_cause(error, lambda cause: isinstance(cause, kinds)) if kinds else None
-  return matches
-
-
 def _unanswered(error: BaseException) -> BaseException | None:
   """Cloud Storage's retries run out, or no answer at all (a connection refused, a timeout)."""
-  kinds = (*_kinds('google.api_core.exceptions', 'RetryError', 'TooManyRequests', 'ServerError'),
-           *_kinds('google.auth.exceptions', 'TransportError'),
-           *_kinds('requests', 'ConnectionError', 'Timeout'))
-  return first_cause(error, lambda cause: isinstance(cause, kinds)) if kinds else None
+  return _of(*_kinds('google.api_core.exceptions', 'RetryError', 'TooManyRequests', 'ServerError'),
+             *_kinds('google.auth.exceptions', 'TransportError'),
+             *_kinds('requests', 'ConnectionError', 'Timeout'))(error)
 
 
 # --- The lines -----------------------------------------------------------------------------------
@@ -213,12 +210,10 @@ def _bucket(marked: During | None) -> tuple[str, str]:
 def unanswered(error: BaseException, marked: During | None) -> str:
   """Retries run out: Cloud Storage busy or failing (429, 5xx: the network is fine), or no answer
   at all (offline, no name server)."""
-  busy = _kinds('google.api_core.exceptions', 'TooManyRequests', 'ServerError')
-  answer = first_cause(error, lambda cause: isinstance(cause, busy))
+  answer = _of_library('google.api_core.exceptions', 'TooManyRequests', 'ServerError')(error)
   bucket = _bucket(marked)[1]
   if answer is not None:
-    retried = first_cause(error, lambda cause: isinstance(
-        cause, _kinds('google.api_core.exceptions', 'RetryError')))
+    retried = _of_library('google.api_core.exceptions', 'RetryError')(error)
     return (f'Cloud Storage answered {bucket} with {answer.code} '  # type: ignore[attr-defined]
             f'{error_reason(answer.message)}'  # type: ignore[attr-defined]
             f'{" until the retries ran out" if retried else ""}: {BUSY}')

@@ -95,14 +95,22 @@ def print_error(line: str) -> None:
   print(f'error: {" ".join(line.split())}', file=sys.stderr, flush=True)
 
 
+Handler = Any  # signal.signal's: a callable of (number, frame), or SIG_IGN.
+
+
+def _on_stop_signals(handler: Handler) -> dict[int, Handler]:
+  """`handler` for a Ctrl-C and a SIGTERM from now on; the handlers it replaced."""
+  return {number: signal.signal(number, handler) for number in STOP_SIGNALS}
+
+
 class _Handled:
   """A handler of the stop signals while entered; the handlers before it, back on exit."""
 
-  def __init__(self, handler: Callable[[int, types.FrameType | None], None]):
+  def __init__(self, handler: Handler):
     self._handler = handler
 
   def __enter__(self) -> None:
-    self._previous = {number: signal.signal(number, self._handler) for number in STOP_SIGNALS}
+    self._previous = _on_stop_signals(self._handler)
 
   def __exit__(self, *exc_info: Any) -> None:
     for number, handler in self._previous.items():
@@ -162,9 +170,8 @@ class Host:
   def stop_at_once(self, line: str) -> None:
     """From now on a Ctrl-C or a SIGTERM ends the command at once in `line`, its `{signal}` the one
     met (a KeyboardInterrupt would end in a traceback of whatever it met, an import among them)."""
-    for number, name in STOP_SIGNALS.items():
-      said, status = line.format(signal=name), 128 + number
-      signal.signal(number, lambda *_, said=said, status=status: self.fail_now(said, status))
+    _on_stop_signals(lambda number, _: self.fail_now(
+        line.format(signal=STOP_SIGNALS[signal.Signals(number)]), 128 + number))
 
   def interrupt_at_once(self) -> None:
     """A Ctrl-C ends the run where it is, its locks released: an exception raised there could
@@ -194,21 +201,18 @@ class Host:
     ends the command in `line`, its `{signal}` the one met."""
     def unwind(number: int, _: types.FrameType | None) -> None:
       raise Unwound(number, line)
-    for number in STOP_SIGNALS:
-      signal.signal(number, unwind)
+    _on_stop_signals(unwind)
 
   def hold_signals(self) -> list[int]:
     """A signal waits from now on (files moving into place); the list holds those that came."""
     waiting: list[int] = []
-    for number in STOP_SIGNALS:
-      signal.signal(number, lambda number, _: waiting.append(number))
+    _on_stop_signals(lambda number, _: waiting.append(number))
     return waiting
 
   def end_quietly(self) -> None:
     """The command's lines are out: a Ctrl-C or a SIGTERM from now on ends it at once and says no
     more (a line of being stopped would belie the ones before it)."""
-    for number in STOP_SIGNALS:
-      signal.signal(number, lambda number, _: self.exit_now(128 + number))
+    _on_stop_signals(lambda number, _: self.exit_now(128 + number))
 
   def end_if_signalled(self, waiting: list[int]) -> None:
     """Ends the command now, as the first signal that waited asked."""
@@ -218,8 +222,7 @@ class Host:
   @staticmethod
   def ignore_signals() -> None:
     """A helper process that must outlive its command's Ctrl-C or SIGTERM (the relay)."""
-    for number in STOP_SIGNALS:
-      signal.signal(number, signal.SIG_IGN)
+    _on_stop_signals(signal.SIG_IGN)
 
   # --- Exits --------------------------------------------------------------------------------------
 
@@ -294,7 +297,7 @@ class Host:
     said = faults.line(error)
     if said is None:
       raise error
-    self.fail(said, getattr(error, 'exit_status', 1) if isinstance(error, UserError) else 1)
+    self.fail(said, error.exit_status if isinstance(error, UserError) else 1)
 
 
 def start(stopped_line: str) -> Host:

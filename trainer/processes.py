@@ -31,7 +31,7 @@ import numpy as np
 
 from errors import During, UserError, causes
 from library_errors import JAX_ABORT, PEER_LOST
-from trainer.host import Launch, print_error, this_command
+from trainer.host import Launch, nowhere, this_command
 from trainer.run_dir import RunDirectory
 
 if TYPE_CHECKING:
@@ -186,20 +186,14 @@ class Peers:
       threading.Event().wait()  # The other thread is ending the process.
     _hold_stderr()  # JAX, where it aborts the process now, waits for this line.
     _wait_for_saves_in_flight(self._run_dir)
-    said = lost_peer_line(self._run_dir, this_command())
-    self._host.release_all()  # Before the line: a warning of its release is not cut off.
-    sys.stdout.flush()
-    print_error(said)
-    self._host.exit_now(1)
+    self._host.fail_now(lost_peer_line(self._run_dir, this_command()), 1)
 
   def let_the_relay_finish(self) -> None:
     """Once this process's last line is written, the relay passes it on before the exit."""
     if self._relay is None:
       return
     sys.stderr.flush()
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stderr.fileno())  # The relay's pipe closes: it writes what it has, ends.
-    os.close(devnull)
+    nowhere(sys.stderr)  # The relay's pipe closes: it writes what it has, ends.
     with contextlib.suppress(subprocess.TimeoutExpired):
       self._relay.wait(timeout=5)
 
@@ -232,9 +226,7 @@ def _mute_native_stdout() -> None:
   ("[Gloo] Rank 0 is connected to 1 peer ranks...", on several processes garbled together)."""
   sys.stdout.flush()
   python_stdout = os.dup(1)
-  devnull = os.open(os.devnull, os.O_WRONLY)
-  os.dup2(devnull, 1)
-  os.close(devnull)
+  nowhere(sys.stdout)
   sys.stdout = os.fdopen(python_stdout, 'w', buffering=1, encoding=sys.stdout.encoding)
 
 

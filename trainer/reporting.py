@@ -20,6 +20,7 @@ from tensorboard.compat.proto.event_pb2 import Event, SessionLog
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
+from data.splits import parse_split
 from trainer import pictures, sweeps
 from trainer.host import Host, this_command
 from trainer.run_dir import RunDirectory
@@ -197,8 +198,7 @@ class Reporter:
                         per_digit: list[float | None]) -> dict[str, Any]:
     """A checkpoint scored on the eval split: a record of eval.jsonl (a sweep's members named)."""
     return {'epoch': epoch, 'eval_split': self._split, **_prefixed('eval', evaluated),
-            'eval_accuracy_per_digit': per_digit,
-            **({'members': self._members} if self._members else {})}
+            'eval_accuracy_per_digit': per_digit, **self._named_members()}
 
   def epoch_record(self, epoch: int, trained: dict[str, Any], evaluated: dict[str, Any],
                    timing: tuple[float, float, int], learning_rate: Any) -> dict[str, Any]:
@@ -207,8 +207,11 @@ class Reporter:
     seconds, train_seconds, images = timing
     return {'epoch': epoch, **_prefixed('train', trained), **_prefixed('eval', evaluated),
             'epoch_seconds': seconds, 'train_images_per_second': images / train_seconds,
-            'learning_rate': learning_rate,
-            **({'members': self._members} if self._members else {})}
+            'learning_rate': learning_rate, **self._named_members()}
+
+  def _named_members(self) -> dict[str, Any]:
+    """A sweep's record's names of its members (a run of seeds alone needs none)."""
+    return {'members': self._members} if self._members else {}
 
   def start(self, start_epoch: int) -> None:
     """Opens the files for epochs after `start_epoch`, dropping any record past it."""
@@ -309,11 +312,10 @@ class Reporter:
     for line in members_table(record, self._split):
       self.log(line)
     best = ranked(record)[0]
-    member = sweeps.Member(int(record['members'][best]['seed']), {
-        name: value for name, value in record['members'][best].items() if name != 'seed'})
-    self.log(f'best: member {best}, {sweeps.label(record["members"][best])}; trains alone with: '
+    member = record['members'][best]
+    self.log(f'best: member {best}, {sweeps.label(member)}; trains alone with: '
              f'{sweeps.command_of(member, this_command(), f"{self._run_dir}-member{best}")}')
-    if self._split.split('[')[0].strip() == 'test':
+    if parse_split(self._split).name == 'test':
       self._host.warn(f'the members were scored on the test set ({self._split}): a recipe chosen '
                       'there has no honest test score; choose on the validation split '
                       '(--config=FILE:validation), then score the chosen recipe on test')

@@ -35,16 +35,17 @@ def label(member: dict[str, Any]) -> str:
   return ' '.join(f'{name}={value:g}' for name, value in member.items())
 
 
+def _field(group: Any, name: str) -> Any:
+  """The value of a dotted field name (`model.dropout_rate`) in a config or a group of it."""
+  for key in name.split('.'):
+    group = group[key]
+  return group
+
+
 def swept(config: ml_collections.ConfigDict) -> dict[str, tuple[float, ...]]:
   """The swept fields and their values, in SWEEPABLE's order; empty when nothing is swept."""
-  found = {}
-  for name in SWEEPABLE:
-    group: Any = config.sweep
-    for key in name.split('.'):
-      group = group[key]
-    if group:
-      found[name] = tuple(group)
-  return found
+  return {name: tuple(_field(config.sweep, name)) for name in SWEEPABLE
+          if _field(config.sweep, name)}
 
 
 def stacked(config: ml_collections.ConfigDict) -> bool:
@@ -63,12 +64,7 @@ def members(config: ml_collections.ConfigDict) -> list[Member]:
 
 def value_of(config: ml_collections.ConfigDict, member: Member, name: str) -> Any:
   """The member's value of a field: its swept one, else the config's."""
-  if name in member.values:
-    return member.values[name]
-  group: Any = config
-  for key in name.split('.'):
-    group = group[key]
-  return group
+  return member.values[name] if name in member.values else _field(config, name)
 
 
 def per_member(config: ml_collections.ConfigDict, name: str) -> tuple[float, ...] | None:
@@ -83,12 +79,12 @@ REPLACED = ('--config.sweep.', '--config.seed=', '--config.num_models=', '--conf
             '--workdir=')
 
 
-def command_of(member: Member, command: str, workdir: str) -> str:
-  """The command (the run's, as the shell took it) that trains the member alone, as a separate run
-  in `workdir`: its values and seed in place of the sweep's flags."""
+def command_of(member: dict[str, Any], command: str, workdir: str) -> str:
+  """The command (the run's, as the shell took it) that trains the member (as_dict's) alone, as a
+  separate run in `workdir`: its values and seed in place of the sweep's flags."""
   kept = [arg for arg in shlex.split(command) if not arg.startswith(REPLACED)]
-  values = [f'--config.{name}={value!r}' for name, value in member.values.items()]
-  return shlex.join([*kept, *values, f'--config.seed={member.seed}', f'--workdir={workdir}'])
+  return shlex.join([*kept, *(f'--config.{name}={value!r}' for name, value in member.items()),
+                     f'--workdir={workdir}'])
 
 
 def check(config: ml_collections.ConfigDict) -> None:
