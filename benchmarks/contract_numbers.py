@@ -3,7 +3,8 @@
   python -m benchmarks.contract_numbers --out=/tmp/before     # record, before the change
   python -m benchmarks.contract_numbers --out=/tmp/after --compare=/tmp/before
 
-The runs: configs/quick.py, alone and as 3 models side by side; configs/default.py for 3 epochs;
+The runs: configs/quick.py, alone, as 3 models side by side, and as a sweep of two learning rates
+times two seeds for 2 epochs; configs/default.py for 3 epochs;
 configs/tpu_v3_8.py under pmap on 8 simulated devices, 1 epoch of 8,192 images. Each writes
 RUN.jsonl (metrics.jsonl without its timing fields) into --out; --compare prints each run's first
 differing record, and exits 1 if any differs.
@@ -30,6 +31,8 @@ RUNS = {
     'quick': (['--config=configs/quick.py'], {}),
     'quick-3-models': (['--config=configs/quick.py', '--config.num_models=3'], {}),
     'default-3-epochs': (['--config=configs/default.py', '--config.num_epochs=3'], {}),
+    'quick-sweep': (['--config=configs/quick.py', '--config.sweep.learning_rate=(1e-3, 2e-3)',
+                     '--config.num_models=2', '--config.num_epochs=2'], {}),
     'tpu_v3_8-8-devices': (['--config=configs/tpu_v3_8.py', '--config.num_epochs=1',
                             '--config.data.train_split=train[:8192]'], EIGHT_DEVICES),
 }
