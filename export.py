@@ -69,12 +69,12 @@ def main(argv: list[str], host: Host) -> None:
   from trainer import evaluation
   from trainer.run_dir import RunDirectory
   workdir = RunDirectory(given)
-  config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
+  plan, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   # From here a signal unwinds, so that the staged copy is removed and an export there stays.
   host.unwind_on_signals('stopped by {signal} while writing the export; rerun the same command to '
                          'export the run')
   with out.staged() as staging:
-    sizes = artifacts.write(restored.state, config.matmul_precision, formats, staging,
+    sizes = artifacts.write(restored.state, plan.precision, formats, staging,
                             {'run': str(workdir), 'epoch': restored.epoch,
                              'models': int(restored.state.step.size), 'config': restored.config,
                              'classifier': which.removeprefix(', ') or 'the run\'s one model'})

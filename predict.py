@@ -137,8 +137,8 @@ def main(argv: list[str], host: Host) -> None:
   from trainer import evaluation
   from trainer.run_dir import RunDirectory
   workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
-  config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
-  report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
+  plan, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
+  report(files, evaluation.probabilities(plan, restored, digits), _JSON.value)
   host.end_quietly()  # Every image is classified and said: a signal now only ends it.
   for line in unread:
     say(f'error: {line}', sys.stderr)

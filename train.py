@@ -85,6 +85,7 @@ def main(argv: list[str], host: Host) -> None:
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')
   from trainer import backend, compile_cache, evaluation, loop
+  from trainer.plan import resolve
   from trainer.run_dir import RunDirectory
   run_dir = RunDirectory(_WORKDIR.value or default_workdir(), _LOCK_STALE_AFTER.value)
   config_rules.validate(config)  # Before any computation, which JAX's joining must precede.
@@ -94,11 +95,12 @@ def main(argv: list[str], host: Host) -> None:
   for note in config_rules.settings_to_warn_of(config):
     host.warn(note)
   compile_cache.enable(_COMPILATION_CACHE.value, host.warn)
+  plan = resolve(config)  # The run resolved once: its devices checked before any work.
   with host.finishing_epochs(), compile_cache.one_warning(host.warn):
     if config.eval_only:
-      evaluation.evaluate_checkpoint(config, run_dir, host)
+      evaluation.evaluate_checkpoint(plan, run_dir, host)
     else:
-      loop.train_and_evaluate(config, run_dir, host)
+      loop.train_and_evaluate(plan, run_dir, host)
   host.end_quietly()  # The run's lines are out: a signal now only ends it.
 
 

@@ -32,6 +32,7 @@ from errors import UserError
 from mlp import steps
 from trainer import checkpoints as checkpoint
 from trainer import config_rules
+from trainer.plan import resolve
 from trainer.run_dir import RunDirectory
 from trainer.host import Host
 
@@ -153,8 +154,7 @@ def measure(data_dir: str) -> None:
   training.train()  # Warm-up.
   template = training.trainer.template
   with tempfile.TemporaryDirectory() as workdir:
-    with checkpoint.Checkpoints(RunDirectory(workdir), config, training.trainer.run_key,
-                                Host()) as checkpoints:
+    with checkpoint.Checkpoints(RunDirectory(workdir), resolve(config), Host()) as checkpoints:
       pauses, whole_saves = time_saves(checkpoints, training)
       plain, saving = time_epochs(checkpoints, training)
       restores, fingerprints, epoch = time_restores(checkpoints, template,

@@ -14,6 +14,7 @@ import tempfile
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
+from trainer.plan import resolve
 from trainer import loop
 from trainer.host import Host
 from trainer.reporting import read_records
@@ -34,7 +35,7 @@ def run(workdir: pathlib.Path, **fields: object) -> list[dict]:
     for key in groups:
       group = group[key]
     group[leaf] = value
-  loop.train_and_evaluate(config, RunDirectory(workdir), Host())
+  loop.train_and_evaluate(resolve(config), RunDirectory(workdir), Host())
   return read_records(RunDirectory(workdir))
 
 

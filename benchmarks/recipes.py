@@ -26,7 +26,8 @@ from absl import flags
 
 from benchmarks.workload import ROOT, launch_train, parse_flags
 from errors import UsageError
-from trainer import reporting, sweeps
+from trainer import reporting
+from trainer.members import label
 from trainer.host import Host
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
@@ -96,7 +97,7 @@ def sweep_each(runs: list[tuple[str, str]], seeds: list[str]) -> None:
       record, seconds = train(config_file, recipe, seeds[0], workdir, len(seeds))
     for k in reporting.ranked(record):
       print(f'{config_file:<22}{recipe:<14}{100 * record["eval_accuracy_by_member"][k]:>8.2f}%  '
-            f'{sweeps.label(record["members"][k])}', flush=True)
+            f'{label(record["members"][k])}', flush=True)
     row(config_file, recipe, 'mean', record['eval_accuracy'], f'{seconds:.1f}')
 
 

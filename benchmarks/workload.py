@@ -23,8 +23,10 @@ from data.mnist import Examples, load_split
 from data.splits import SPLIT_SIZES
 from command import parse_tool_flags
 from errors import UsageError, UserError
-from mlp import passes
+from mlp import batches, passes
 from mlp import steps
+from trainer.plan import resolve
+from trainer import reporting
 from trainer.programs import compile_programs
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -113,16 +115,17 @@ class TrainerRun:
   def __init__(self, config: ml_collections.ConfigDict, examples: Examples,
                state: steps.TrainState | None = None):
     """`state`: global arrays on the config's mesh to start from, instead of the fresh state."""
-    self._run = compile_programs(config, examples, examples)
+    self._run = compile_programs(resolve(config), examples, examples)
     self._state = self._run.fresh_state() if state is None else state
     # The fresh state on the host, before the first epoch consumes the devices' copy: other loops
     # start from it to train exactly what the trainer trains.
     self.start_state: steps.TrainState = jax.device_get(self._state)
     self.run_key: jax.Array = self._run.run_key  # Drives every epoch's order and dropout.
     self.template: steps.TrainState = self._run.template  # What a checkpoint restores into.
-    self.placement: str = self._run.placement
-    self.mesh: Mesh = self._run.mesh
-    self.images_per_epoch: int = self._run.steps_per_epoch * config.batch_size
+    self.placement: str = reporting.placement(self._run.plan)
+    self.mesh: Mesh = self._run.plan.mesh
+    self.images_per_epoch: int = batches.whole_batches(len(examples),
+                                                       config.batch_size) * config.batch_size
 
   def epoch(self, epoch: int) -> tuple[float, dict[str, float]]:
     """Seconds for one epoch (until the state and metrics are on the host), and its metrics."""

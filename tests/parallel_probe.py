@@ -16,6 +16,7 @@ from data.mnist import load_split
 from tests.conftest import make_config
 from trainer import programs as devices
 from trainer import loop
+from trainer.plan import resolve
 from trainer.programs import compile_programs
 from trainer.run_dir import RunDirectory
 
@@ -53,10 +54,10 @@ def same(a, b) -> bool:
 def walk_replicated_state(config) -> dict:
   """One epoch on the mesh, then epoch 2 twice: straight on, and from a host copy put back."""
   train = load_split(config.data, config.data.train_split)
-  run = compile_programs(config, train, load_split(config.data, config.data.eval_split))
+  run = compile_programs(resolve(config), train, load_split(config.data, config.data.eval_split))
   start = run.fresh_state()
   initial = jax.device_get(start)
-  report = {'mesh_size': run.mesh.size, 'initial_shapes': shapes(initial),
+  report = {'mesh_size': run.plan.mesh.size, 'initial_shapes': shapes(initial),
             'replicated': all(x.sharding.is_fully_replicated and x.sharding.mesh.size == 8
                               for x in jax.tree.leaves(start))}
   state, report['train_metrics'] = run.train_epoch(start, 1)
@@ -64,7 +65,7 @@ def walk_replicated_state(config) -> dict:
   after_one = jax.device_get(state)
   report['host_shapes'] = shapes(after_one)
   report['host_step'] = int(after_one.step)
-  resumed, resumed_metrics = run.train_epoch(devices.replicate(after_one, run.mesh), 2)
+  resumed, resumed_metrics = run.train_epoch(devices.replicate(after_one, run.plan.mesh), 2)
   straight, straight_metrics = run.train_epoch(state, 2)
   report['resumed_metrics_equal'] = straight_metrics == resumed_metrics
   report['resumed_state_equal'] = same(jax.device_get(straight), jax.device_get(resumed))
@@ -84,15 +85,17 @@ def resume_across_modes(out: pathlib.Path) -> None:
     shutil.copytree(out / first, workdir)
     shutil.rmtree(workdir / '2')
     print(f'{RESUME_MARK}{first}-{then}', flush=True)  # Its lines follow, to the next mark.
-    loop.train_and_evaluate(make_config(parallel=then, **RESUMABLE), RunDirectory(workdir))
+    loop.train_and_evaluate(resolve(make_config(parallel=then, **RESUMABLE)), RunDirectory(workdir))
 
 
 def main(out_dir: str) -> None:
   out = pathlib.Path(out_dir)
   for mode in MODES:  # Each writes OUT_DIR/<mode>/metrics.jsonl and checkpoints 1 and 2.
-    loop.train_and_evaluate(make_config(parallel=mode, **RESUMABLE), RunDirectory(out / mode))
+    loop.train_and_evaluate(resolve(make_config(parallel=mode, **RESUMABLE)),
+                            RunDirectory(out / mode))
   for mode in MEMBER_MODES:  # Two members, seeds 0 and 1: member 1 must train as the jit run.
-    loop.train_and_evaluate(make_config(parallel=mode, num_models=2, **{**RESUMABLE, 'seed': 0}),
+    loop.train_and_evaluate(resolve(make_config(parallel=mode, num_models=2,
+                                                **{**RESUMABLE, 'seed': 0})),
                             RunDirectory(out / f'members-{mode}'))
   report = {'device_count': jax.device_count()}
   report['mesh_state'] = walk_replicated_state(make_config(parallel='mesh', **RESUMABLE))

@@ -18,7 +18,8 @@ import pytest
 
 from benchmarks.profile_epoch import ABLATIONS, MATMULS_ALONE
 from mlp import steps
-from trainer.programs import create_state, recipe_of
+from trainer.plan import recipe_of
+from trainer.programs import create_state
 from tests.conftest import ROOT, make_config, on_devices
 
 KEYS = ('trainer_images_per_second', 'loop_images_per_second', 'ratio_vs_loop',
@@ -111,7 +112,7 @@ def test_startup_is_two_real_train_py_launches_without_tensorflow(tiny_run):
 
 @pytest.mark.slow
 def test_flops_per_image_match_the_matmuls_of_the_real_train_step(tiny_run):
-  state = create_state(recipe_of(make_config(), steps_per_epoch=1), jax.random.key(0))
+  state = create_state(recipe_of(make_config(), (), steps_per_epoch=1), jax.random.key(0))
   batch = {'image': jnp.zeros((8, 784)), 'label': jnp.zeros((8,), jnp.int32)}
   keys = jax.random.split(jax.random.key(1), 8)
   jaxpr = jax.make_jaxpr(steps.train_step)(state, batch, keys).jaxpr

@@ -29,7 +29,8 @@ from trainer import checkpoints as checkpoint
 from trainer import config_fields, config_rules
 from trainer import run_dir as run_dir_module
 from trainer import evaluation, loop
-from trainer.programs import keys_of, member_count, mode_and_mesh, recipe_of, state_template
+from trainer.plan import resolve
+from trainer.programs import state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 import library_errors
 from errors import UserError
@@ -55,7 +56,7 @@ LONG = dict(num_epochs=4, **EVERY_EPOCH)
 def run_dir(tmp_path_factory, name: str, **overrides) -> str:
   """An uninterrupted run of the overrides' config, the reference the other runs must match."""
   workdir = tmp_path_factory.mktemp(name)
-  loop.train_and_evaluate(make_config(**overrides), RunDirectory(workdir))
+  loop.train_and_evaluate(resolve(make_config(**overrides)), RunDirectory(workdir))
   return workdir
 
 
@@ -75,15 +76,10 @@ def small_copy(small_run, tmp_path):
   return shutil.copytree(small_run, tmp_path / 'run')
 
 
-def run_key(config):
-  """The key a run of the config saves, which its checkpoints are checked against."""
-  return randomness.run_keys(config.seed)[1]
-
-
 def restore(workdir, config):
   """The newest good checkpoint of a run directory, read without touching it."""
-  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], member_count(config))
-  with Checkpoints(RunDirectory(workdir), config, run_key(config), Recorder(lambda _: None),
+  template = state_template(resolve(config))
+  with Checkpoints(RunDirectory(workdir), resolve(config), Recorder(lambda _: None),
                    read_only=True) as checkpoints:
     return checkpoints.restore(template)
 
@@ -118,13 +114,13 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
     small_run, tmp_path, capsys):
   config = make_config(**SMALL)
   with pytest.raises(Stopped) as stopped:
-    loop.train_and_evaluate(config, RunDirectory(tmp_path), stop_after(1))
+    loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path), stop_after(1))
   assert str(stopped.value) == (
       f'stopped by SIGTERM after epoch 1, whose checkpoint is saved in {tmp_path}')
   assert stopped.value.exit_status == 128 + signal.SIGTERM
   assert saved_epochs(tmp_path) == [1] and [r['epoch'] for r in read_metrics(tmp_path)] == [1]
 
-  loop.train_and_evaluate(config, RunDirectory(tmp_path))
+  loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path))
   out = capsys.readouterr().out
   assert 'resumed from epoch 1' in out and 'learning-rate schedule' not in out
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
@@ -134,7 +130,7 @@ def test_a_stopped_and_resumed_run_ends_bit_identical_to_an_uninterrupted_one(
 
 def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, small_copy, capsys):
   before = snapshot(small_copy)
-  record = loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  record = loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(small_copy))
   assert record == read_metrics(small_run)[-1]
   assert 'nothing to train' in capsys.readouterr().out
   assert {k: v for k, v in snapshot(small_copy).items() if 'tfevents' not in k} == {
@@ -143,7 +139,7 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
   # Three more epochs, a checkpoint every 2 and the last, keeping 2: saves 4 and 6, drops 1 to 3.
   more = make_config(**{**SMALL, 'num_epochs': 6}, checkpoint_every_epochs=2,
                      max_checkpoints_to_keep=2)
-  loop.train_and_evaluate(more, RunDirectory(small_copy))
+  loop.train_and_evaluate(resolve(more), RunDirectory(small_copy))
   records = read_metrics(small_copy)
   assert [r['epoch'] for r in records] == [1, 2, 3, 4, 5, 6]
   assert records[:3] == read_metrics(small_run)
@@ -153,9 +149,10 @@ def test_a_finished_run_reports_again_and_more_epochs_continue_it(small_run, sma
 
 def test_more_epochs_on_a_finished_cosine_run_say_how_far_the_learning_rate_jumps(
     small_run, tmp_path, capsys):
-  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}), RunDirectory(tmp_path))
+  loop.train_and_evaluate(resolve(make_config(**{**SMALL, 'num_epochs': 2})),
+                          RunDirectory(tmp_path))
   capsys.readouterr()
-  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))  # 3 epochs now.
+  loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(tmp_path))  # 3 epochs now.
   line = [line for line in capsys.readouterr().out.splitlines() if line.startswith('resumed')][0]
   found = re.search(r'num_epochs 2 -> 3 stretches the learning-rate schedule: epoch 2 ended at a '
                     r'rate of (\S+), which the new schedule puts at (\S+), ', line)
@@ -176,7 +173,7 @@ def test_checkpoints_closed_before_any_save_wait_for_orbaxs_cleanup_of_half_writ
   islink = os.path.islink
   monkeypatch.setattr(os.path, 'islink', lambda path: time.sleep(0.2) or islink(path))
   config, before = make_config(**SMALL), set(threading.enumerate())
-  saved = Checkpoints(RunDirectory(small_copy), config, keys_of(config)[1], Recorder(pytest.fail))
+  saved = Checkpoints(RunDirectory(small_copy), resolve(config), Recorder(pytest.fail))
   started = [t for t in threading.enumerate() if t not in before and not t.daemon]
   assert any(t.is_alive() for t in started)  # Orbax's look, still under way.
   saved.close()
@@ -185,7 +182,7 @@ def test_checkpoints_closed_before_any_save_wait_for_orbaxs_cleanup_of_half_writ
 
 def test_a_finished_run_without_its_metrics_file_evaluates_its_checkpoint(small_run, small_copy):
   (small_copy / METRICS_FILE).unlink()
-  record = loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  record = loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
       3, final['eval_loss'], final['eval_accuracy'])
@@ -298,7 +295,7 @@ def test_a_damaged_newest_checkpoint_warns_falls_back_and_finishes_exactly(
     assert out.returncode == 0, out.stderr
     stdout, stderr = out.stdout, out.stderr
   else:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+    loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(small_copy))
     stdout, stderr = capfd.readouterr()
   warnings = stderr.strip().splitlines()
   assert len(warnings) == 1, stderr  # One line: no traceback from the failed read either.
@@ -369,7 +366,7 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   error, reason = TRANSIENT[case]
   failing_state_reads(monkeypatch, 3, error)
   before = snapshot(small_copy)
-  message = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL),
+  message = line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)),
                                                     RunDirectory(small_copy)))
   assert message.startswith(f'cannot read the checkpoint of epoch 3 in {small_copy} ({reason}')
   assert 'every checkpoint was left in place' in message and '\n' not in message
@@ -400,7 +397,7 @@ def test_memory_that_runs_out_in_a_restore_is_one_line_and_moves_nothing(small_c
                                                                          error, said):
   failing_state_reads(monkeypatch, 3, error)
   before = snapshot(small_copy)
-  assert line_of(lambda: loop.train_and_evaluate(make_config(**SMALL),
+  assert line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)),
                                                  RunDirectory(small_copy))) == said
   assert snapshot(small_copy) == before  # Not taken for damage: nothing set aside.
 
@@ -427,7 +424,9 @@ def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, mo
 
     def model_out_of_memory(*args):
       programs = compile_programs(*args)
-      return dataclasses.replace(programs, recipe=programs.recipe._replace(model=out_of_memory))
+      plan = programs.plan
+      return dataclasses.replace(programs, plan=dataclasses.replace(
+          plan, recipe=plan.recipe._replace(model=out_of_memory)))
 
     monkeypatch.setattr(run, 'compile_programs', model_out_of_memory)
   else:
@@ -436,7 +435,8 @@ def test_a_device_out_of_memory_names_the_fix_for_what_it_was_doing(tmp_path, mo
     monkeypatch.setattr(run, 'compile_programs', lambda *args: dataclasses.replace(
         compile_programs(*args), **{program: out_of_memory}))
   stopped = line_of(lambda: loop.train_and_evaluate(
-      make_config(num_epochs=1, data__train_split='train[:512]', data__eval_split='test[:100]'),
+      resolve(make_config(num_epochs=1, data__train_split='train[:512]',
+                          data__eval_split='test[:100]')),
       RunDirectory(tmp_path)))
   said = {'drawing': 'evaluating', 'creating': 'training'}.get(doing, doing)
   assert stopped == (f'this machine ran out of memory {said} ({XLA_OUT_OF_MEMORY}); '
@@ -468,7 +468,8 @@ def test_a_device_out_of_memory_while_compiling_names_the_program_s_fix_and_its_
 
   monkeypatch.setattr(programs, '_compile', out_of_memory_compiling)
   stopped = line_of(lambda: loop.train_and_evaluate(
-      make_config(num_epochs=1, data__train_split='train[:512]', data__eval_split='test[:100]'),
+      resolve(make_config(num_epochs=1, data__train_split='train[:512]',
+                          data__eval_split='test[:100]')),
       RunDirectory(tmp_path)))
   fix = {'training': 'lower batch_size, num_models or model.hidden_sizes in a new --workdir',
          'evaluating': 'lower eval_batch_size (the same command then resumes)'}[said]
@@ -503,7 +504,7 @@ def test_a_thread_the_machine_will_not_start_mid_run_is_one_line_and_the_rerun_r
 
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'save', refused)
   run_dir = RunDirectory(tmp_path / 'run')
-  stopped = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), run_dir))
+  stopped = line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)), run_dir))
   assert stopped == (
       "this machine would not start another thread (can't start new thread): it is short of memory "
       "or at its limit of processes (ulimit -u, or a container's pids limit); free memory or raise "
@@ -511,7 +512,7 @@ def test_a_thread_the_machine_will_not_start_mid_run_is_one_line_and_the_rerun_r
   assert saved_epochs(tmp_path / 'run') == [1]
   assert (tmp_path / 'run' / LOCK_FILE).read_text() == ''  # Released.
   monkeypatch.undo()
-  loop.train_and_evaluate(make_config(**SMALL), run_dir)
+  loop.train_and_evaluate(resolve(make_config(**SMALL)), run_dir)
   assert [r['epoch'] for r in read_metrics(tmp_path / 'run')] == [1, 2, 3]
   assert saved_epochs(tmp_path / 'run') == [1, 2, 3]
 
@@ -521,9 +522,9 @@ def test_a_state_whose_structure_does_not_fit_the_code_is_one_line_and_moves_not
   config = make_config(**SMALL)
   other = make_config(**SMALL, model__hidden_sizes=(64,))
   before = snapshot(small_copy)
-  with Checkpoints(RunDirectory(small_copy), config, run_key(config), Recorder(pytest.fail),
+  with Checkpoints(RunDirectory(small_copy), resolve(config), Recorder(pytest.fail),
                    read_only=True) as checkpoints:
-    template = state_template(recipe_of(other, 1), mode_and_mesh(other)[1], member_count(other))
+    template = state_template(resolve(other))
     message = line_of(lambda: checkpoints.restore(template))
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds a state whose '
                             'structure does not fit this code (')
@@ -535,7 +536,8 @@ def test_a_half_written_checkpoint_never_blocks_a_resume(small_copy, capsys):
   partial = shutil.copytree(small_copy / '3', small_copy / '4.orbax-checkpoint-tmp')
   truncate(largest_file(partial / 'state'))
   (partial / 'state' / '_METADATA').unlink()
-  loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 4}), RunDirectory(small_copy))
+  loop.train_and_evaluate(resolve(make_config(**{**SMALL, 'num_epochs': 4})),
+                          RunDirectory(small_copy))
   assert 'resumed from epoch 3' in capsys.readouterr().out
   assert not partial.exists() and saved_epochs(small_copy) == [2, 3, 4]
   assert [r['epoch'] for r in read_metrics(small_copy)] == [1, 2, 3, 4]
@@ -551,7 +553,7 @@ def test_a_stray_numbered_entry_is_said_once_in_the_apps_own_words_and_kept(
     make_stray, why, small_copy, capsys, caplog):
   make_stray(small_copy / '9')
   with caplog.at_level(logging.WARNING):
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+    loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(small_copy))
   assert not orbax_step_metadata_warnings(caplog.records, small_copy / '9')
   warnings = [line for line in capsys.readouterr().err.splitlines() if line]
   assert len(warnings) == 1, warnings
@@ -566,7 +568,7 @@ def test_a_stray_numbered_file_alone_is_refused_and_kept(tmp_path):
   (tmp_path / '2').write_text('notes')
   with pytest.raises(UserError, match=r'no checkpoint in .* can be restored \(epoch 2: it is a '
                      r'file, not a folder\)'):
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
+    loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(tmp_path))
   # Nothing moved, nothing made.
   assert sorted(p.name for p in tmp_path.iterdir()) == ['2', 'run.lock']
   assert (tmp_path / '2').read_text() == 'notes'
@@ -577,7 +579,7 @@ def test_no_good_checkpoint_is_one_clear_error_and_nothing_is_deleted(small_copy
     truncate(largest_file(small_copy / str(epoch) / 'state'))
   before = snapshot(small_copy)
   with pytest.raises(UserError, match='no checkpoint in .* can be restored') as error:
-    loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+    loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(small_copy))
   assert all(f'epoch {epoch}' in str(error.value) for epoch in (1, 2, 3))
   assert snapshot(small_copy) == before
 
@@ -587,7 +589,7 @@ def test_a_checkpoint_of_another_model_or_optimizer_is_refused_naming_the_fields
   # With data nowhere: refused before the data loads (data.dir is free to change on a resume).
   other = make_config(**SMALL, model__hidden_sizes=(64,), optimizer='sgd',
                       data__dir='/nonexistent/mnist')
-  message = line_of(lambda: loop.train_and_evaluate(other, RunDirectory(small_copy)))
+  message = line_of(lambda: loop.train_and_evaluate(resolve(other), RunDirectory(small_copy)))
   assert 'model.hidden_sizes=(512, 512)' in message and 'model.hidden_sizes=(64,)' in message
   assert "optimizer='adamw'" in message and "optimizer='sgd'" in message
   assert 'learning_rate' not in message and '--workdir' in message
@@ -599,7 +601,7 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
   config = make_config(num_epochs=4, data__train_split='train[:2000]', model__hidden_sizes=(64,),
                        model__dropout_rate=0.0, optimizer='sgd', schedule='constant',
                        warmup_epochs=4.0, learning_rate=4000.0, **EVERY_EPOCH)
-  error = line_of(lambda: loop.train_and_evaluate(config, RunDirectory(tmp_path)))
+  error = line_of(lambda: loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path)))
   bad_epoch = int(re.search(r'loss is (nan|inf) in epoch (\d)', error).group(2))
   assert bad_epoch >= 2  # Otherwise nothing good was saved before it and this proves little.
   assert f'newest checkpoint: epoch {bad_epoch - 1}' in error
@@ -612,7 +614,7 @@ def test_a_nan_loss_stops_the_run_and_the_poisoned_state_is_never_saved(tmp_path
 
 def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, small_copy, tmp_path):
   before = snapshot(small_copy)
-  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True),
+  record = evaluation.evaluate_checkpoint(resolve(make_config(**SMALL, eval_only=True)),
                                           RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert (record['epoch'], record['eval_loss'], record['eval_accuracy']) == (
@@ -625,13 +627,13 @@ def test_eval_only_scores_the_newest_checkpoint_without_training(small_run, smal
   assert {k: v for k, v in snapshot(small_copy).items() if k not in written} == before
 
   other_split = evaluation.evaluate_checkpoint(
-      make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]'),
+      resolve(make_config(**SMALL, eval_only=True, data__eval_split='test[:1000]')),
       RunDirectory(small_copy))
   assert other_split['eval_split'] == 'test[:1000]'
   assert other_split['eval_accuracy'] != record['eval_accuracy']
 
   with pytest.raises(UserError, match='no checkpoint in .* to evaluate'):
-    evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True),
+    evaluation.evaluate_checkpoint(resolve(make_config(**SMALL, eval_only=True)),
                                    RunDirectory(tmp_path / 'none'))
   assert not (tmp_path / 'none').exists()
 
@@ -733,12 +735,12 @@ def test_lines_that_are_not_utf8_or_no_json_object_are_dropped_and_the_resume_st
   shutil.rmtree(small_copy / '3')  # Resumed from epoch 2: epoch 3 trains again.
   with open(small_copy / METRICS_FILE, 'ab') as metrics:
     metrics.write(b'{"note": "caf\xe9"}\n5\n')
-  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(small_copy))
+  loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(small_copy))
   assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
   assert_same_params(small_copy, small_run, make_config(**SMALL))
 
   (small_copy / EVAL_FILE).write_bytes(b'\xff\xfe\n')
-  record = evaluation.evaluate_checkpoint(make_config(**SMALL, eval_only=True),
+  record = evaluation.evaluate_checkpoint(resolve(make_config(**SMALL, eval_only=True)),
                                           RunDirectory(small_copy))
   assert [json.loads(line) for line in (small_copy / EVAL_FILE).read_text().splitlines()] == [
       record]
@@ -764,12 +766,12 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
                                                                                  tmp_path):
   """An hour between saves: after the first, only the last epoch and a signalled one are saved."""
   config = make_config(**{**SMALL, 'checkpoint_min_seconds': 3600})
-  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'straight'))
+  loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'straight'))
   assert saved_epochs(tmp_path / 'straight') == [1, 3]
   with pytest.raises(Stopped):
-    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), stop_after(2))
+    loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'stopped'), stop_after(2))
   assert saved_epochs(tmp_path / 'stopped') == [1, 2]
-  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'))
+  loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'stopped'))
   assert saved_epochs(tmp_path / 'stopped') == [1, 2, 3]
   for run in ('straight', 'stopped'):  # Which epochs are saved never changes the numbers.
     assert without_timings(read_metrics(tmp_path / run)) == without_timings(read_metrics(small_run))
@@ -778,7 +780,7 @@ def test_a_minimum_interval_skips_saves_but_never_the_last_epoch_or_a_signalled_
 
 def ones_state(config):
   """A state of the config's shapes and placement, every value one: quick to save."""
-  template = state_template(recipe_of(config, 1), mode_and_mesh(config)[1], member_count(config))
+  template = state_template(resolve(config))
   return jax.tree.map(lambda leaf: jax.device_put(np.ones(leaf.shape, leaf.dtype), leaf.sharding),
                       template)
 
@@ -786,12 +788,12 @@ def ones_state(config):
 def test_orbax_keeps_the_newest_checkpoints_and_never_counts_or_deletes_one_set_aside(tmp_path):
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
   state = ones_state(config)
-  with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
+  with Checkpoints(RunDirectory(tmp_path), resolve(config),
                    Recorder(pytest.fail)) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
   assert saved_epochs(tmp_path) == [2, 3]  # Deleted in the background, done once closed.
-  with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
+  with Checkpoints(RunDirectory(tmp_path), resolve(config),
                    Recorder(pytest.fail)) as checkpoints:
     assert checkpoints.set_aside([3]) == [str(tmp_path / f'{DAMAGED_PREFIX}3')]
     for epoch in (3, 4):  # Its epoch can be saved again.
@@ -803,7 +805,7 @@ def test_an_old_checkpoint_removed_by_hand_mid_run_is_no_warning(tmp_path, caplo
   config = make_config(max_checkpoints_to_keep=2, model__hidden_sizes=(8,))
   state = ones_state(config)
   with caplog.at_level(logging.WARNING), Checkpoints(
-      RunDirectory(tmp_path), config, run_key(config), Recorder(pytest.fail)) as checkpoints:
+      RunDirectory(tmp_path), resolve(config), Recorder(pytest.fail)) as checkpoints:
     for epoch in (1, 2):
       checkpoints.save(epoch, state, force=True)
     checkpoints.wait()
@@ -823,7 +825,7 @@ def test_old_checkpoints_that_cannot_be_deleted_are_one_warning_naming_them(tmp_
     rmtree(path, *args, **kwargs)
   monkeypatch.setattr(shutil, 'rmtree', refused)
   warnings = []
-  with Checkpoints(RunDirectory(tmp_path), config, run_key(config),
+  with Checkpoints(RunDirectory(tmp_path), resolve(config),
                    Recorder(warnings.append)) as checkpoints:
     for epoch in (1, 2, 3):
       checkpoints.save(epoch, state, force=True)
@@ -864,7 +866,7 @@ def test_a_checkpoint_of_the_older_linen_model_is_refused_in_one_line_and_moves_
   """The Linen model's checkpoints say nothing of the model: its parameters are others."""
   config = make_config(**SMALL)
   before = resave_newest_the_old_way(small_copy, config, config.seed)
-  for attempt in (lambda: loop.train_and_evaluate(config, RunDirectory(small_copy)),
+  for attempt in (lambda: loop.train_and_evaluate(resolve(config), RunDirectory(small_copy)),
                   lambda: evaluation.restore_run(RunDirectory(small_copy))):
     message = line_of(attempt)
     assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds the parameters '
@@ -889,7 +891,7 @@ def test_a_checkpoint_saved_the_old_way_with_the_nnx_model_restores_and_resumes_
   leaves, expected = jax.tree.leaves(again.state), jax.tree.leaves(saved.state)
   assert len(leaves) == len(expected) > 0
   assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(leaves, expected))
-  loop.train_and_evaluate(config, RunDirectory(small_copy))  # Epoch 3 again, from it.
+  loop.train_and_evaluate(resolve(config), RunDirectory(small_copy))  # Epoch 3 again, from it.
   assert without_timings(read_metrics(small_copy)) == without_timings(read_metrics(small_run))
   assert_same_params(small_copy, small_run, config)
 
@@ -900,7 +902,7 @@ def test_an_intact_checkpoint_whose_run_key_is_not_the_seeds_is_refused_and_move
   config = make_config(**SMALL)
   before = resave_newest_the_old_way(small_copy, config, config.seed + 1,
                                      model=checkpoint.MODEL_API)
-  message = line_of(lambda: loop.train_and_evaluate(config, RunDirectory(small_copy)))
+  message = line_of(lambda: loop.train_and_evaluate(resolve(config), RunDirectory(small_copy)))
   assert message.startswith(f'the checkpoint of epoch 3 in {small_copy} holds the run key [')
   assert f'but seed {config.seed} gives this code [' in message and '--workdir' in message
   assert '\n' not in message and snapshot(small_copy) == before
@@ -908,12 +910,12 @@ def test_an_intact_checkpoint_whose_run_key_is_not_the_seeds_is_refused_and_move
 
 def test_a_finished_run_rerun_on_another_eval_split_reports_that_split(small_run, small_copy):
   other = make_config(**SMALL, data__eval_split='test[6000:8000]')
-  record = loop.train_and_evaluate(other, RunDirectory(small_copy))
+  record = loop.train_and_evaluate(resolve(other), RunDirectory(small_copy))
   final = read_metrics(small_run)[-1]
   assert record['train_loss'] == final['train_loss']  # Training figures as recorded...
   assert record['eval_loss'] != final['eval_loss']  # ...evaluation of the split asked for now.
   reference = evaluation.evaluate_checkpoint(
-      make_config(**SMALL, data__eval_split='test[6000:8000]', eval_only=True),
+      resolve(make_config(**SMALL, data__eval_split='test[6000:8000]', eval_only=True)),
       RunDirectory(small_copy))
   assert (record['eval_loss'], record['eval_accuracy']) == (reference['eval_loss'],
                                                             reference['eval_accuracy'])
@@ -935,7 +937,7 @@ TINY_DISK_RUN = dict(num_epochs=4, model__hidden_sizes=(64, 64), data__train_spl
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_keeps_older_checkpoints_and_resumes_exactly(tiny_disk, tmp_path):
   reference = tmp_path / 'reference'
-  loop.train_and_evaluate(make_config(**TINY_DISK_RUN), RunDirectory(reference))
+  loop.train_and_evaluate(resolve(make_config(**TINY_DISK_RUN)), RunDirectory(reference))
   workdir = tiny_disk / 'run'
   out = run_train(CONFIG, f'--workdir={workdir}', *override_flags(**TINY_DISK_RUN))
   assert out.returncode == 1
@@ -995,12 +997,13 @@ def test_an_injected_failed_save_stops_the_run_at_that_epoch_and_keeps_the_rest(
 
   monkeypatch.setattr(checkpoint.Checkpoints, 'save', counted_save)
   monkeypatch.setattr(checkpoint.ocp.CheckpointManager, 'wait_until_finished', failing_wait)
-  error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path)))
+  error = line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)),
+                                                  RunDirectory(tmp_path)))
   assert error.startswith(f'cannot write {tmp_path} (No space left on device);')
   assert saved == [1, 2]  # The run stopped in epoch 3: no further save was started.
   assert [r['epoch'] for r in read_metrics(tmp_path)] in ([1, 2], [1, 2, 3])
   monkeypatch.undo()
-  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
+  loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(tmp_path))
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
@@ -1016,8 +1019,8 @@ def test_a_signal_whose_checkpoint_cannot_be_written_says_so_and_names_the_one_t
     return write_text(path, *args, **kwargs)
 
   monkeypatch.setattr(epath.gpath.PosixGPath, 'write_text', full_disk)
-  error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path),
-                                                  stop_after(2)))
+  error = line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)),
+                                                  RunDirectory(tmp_path), stop_after(2)))
   assert error == (
       f'stopped by SIGTERM after epoch 2, but its checkpoint was not saved: cannot write '
       f'{tmp_path} (No space left on device); free space or restore access there, then rerun the '
@@ -1055,8 +1058,8 @@ def test_a_disk_full_at_a_metrics_write_ends_in_one_line_leaves_no_partial_file_
     return FullDiskFile(file, 10) if writes.count(f'{tmp_path}/{METRICS_FILE}.tmp') == 2 else file
 
   monkeypatch.setattr(run_dir_module, 'open', open_on_a_filling_disk, raising=False)
-  error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path),
-                                                  stop_after(2)))
+  error = line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)),
+                                                  RunDirectory(tmp_path), stop_after(2)))
   assert error == (f'cannot write {tmp_path}/{METRICS_FILE} (No space left on device); '
                    'free space or restore access there, then rerun the same command')
   # What a run writes, and nothing half-written: epoch 1's records and checkpoint, its events.
@@ -1065,7 +1068,7 @@ def test_a_disk_full_at_a_metrics_write_ends_in_one_line_leaves_no_partial_file_
       '1', METRICS_FILE, 'run.lock'] and len(names) == 4, names
   assert [r['epoch'] for r in read_metrics(tmp_path)] == [1]
   monkeypatch.undo()
-  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(tmp_path))
+  loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(tmp_path))
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(small_run))
   assert_same_params(tmp_path, small_run, make_config(**SMALL))
 
@@ -1075,7 +1078,7 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
   unraisable = []
   monkeypatch.setattr(sys, 'unraisablehook', unraisable.append)
   array_handler = checkpoint.ocp.type_handlers.get_type_handler(jax.Array)
-  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), make_config(), run_key(make_config()),
+  checkpoints = Checkpoints(RunDirectory(tmp_path / 'run'), resolve(make_config()),
                             Recorder(pytest.fail))
   loggers = [logging.getLogger('absl'), logging.getLogger('asyncio')]
 
@@ -1114,14 +1117,14 @@ def test_only_reports_naming_an_open_checkpoints_folder_are_muted(tmp_path, monk
 @pytest.mark.slow
 def test_a_bfloat16_run_resumes_exactly_and_may_not_change_its_dtype(tmp_path):
   config = make_config(**{**SMALL, 'num_epochs': 2}, dtype='bfloat16')
-  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'straight'))
+  loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'straight'))
   with pytest.raises(Stopped):
-    loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'), stop_after(1))
+    loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'stopped'), stop_after(1))
   with pytest.raises(UserError, match="saved with dtype='bfloat16', but this run has "
                                       "dtype='float32'"):
-    loop.train_and_evaluate(make_config(**{**SMALL, 'num_epochs': 2}),
+    loop.train_and_evaluate(resolve(make_config(**{**SMALL, 'num_epochs': 2})),
                             RunDirectory(tmp_path / 'stopped'))
-  loop.train_and_evaluate(config, RunDirectory(tmp_path / 'stopped'))
+  loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'stopped'))
   assert without_timings(read_metrics(tmp_path / 'stopped')) == without_timings(
       read_metrics(tmp_path / 'straight'))
   assert_same_params(tmp_path / 'stopped', tmp_path / 'straight', config)
@@ -1172,11 +1175,12 @@ def test_a_run_directory_removed_mid_run_is_one_line_and_the_rerun_starts_again(
 
   with monkeypatch.context() as patch:
     patch.setattr(os, 'rename', removed_first)
-    error = line_of(lambda: loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir)))
+    error = line_of(lambda: loop.train_and_evaluate(resolve(make_config(**SMALL)),
+                                                    RunDirectory(workdir)))
   assert error == (
       f'the run directory {workdir} was removed or moved while the run wrote there; move it back '
       'and rerun the same command to resume, or rerun it to start again')
-  loop.train_and_evaluate(make_config(**SMALL), RunDirectory(workdir))
+  loop.train_and_evaluate(resolve(make_config(**SMALL)), RunDirectory(workdir))
   assert without_timings(read_metrics(workdir)) == without_timings(read_metrics(small_run))
 
 

@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 from errors import ConfigError, UserError
+from trainer.plan import resolve
 from trainer.host import say
 from library_errors import THREAD_REFUSED
 from mlp.model import MLP
@@ -453,7 +454,8 @@ def test_a_config_file_loads_where_deprecations_are_errors():
 def test_a_data_file_failing_its_checksum_is_refused_before_any_work(tmp_path, mnist_dir):
   corrupt = corrupt_copy(mnist_dir, tmp_path / 'corrupt')
   with pytest.raises(UserError, match='t10k-labels-idx1-ubyte.gz is not a whole gzip file'):
-    loop.train_and_evaluate(make_config(data__dir=str(corrupt)), RunDirectory(tmp_path / 'run'))
+    loop.train_and_evaluate(resolve(make_config(data__dir=str(corrupt))),
+                            RunDirectory(tmp_path / 'run'))
   assert not (tmp_path / 'run').exists()
 
 
@@ -501,7 +503,7 @@ def test_a_run_directory_this_user_cannot_write_names_a_copy_as_the_way_on(tmp_p
 
 
 @pytest.mark.parametrize('use', [
-    lambda run: loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(run)),
+    lambda run: loop.train_and_evaluate(resolve(make_config(num_epochs=1)), RunDirectory(run)),
     lambda run: evaluation.restore_run(RunDirectory(run))], ids=['resume', 'predict or export'])
 def test_a_run_directory_this_user_may_not_list_is_one_line(use, tmp_path, monkeypatch):
   """Another user's private run (mode 700): a resume, predict.py and export.py name it before
@@ -527,7 +529,7 @@ def test_a_run_file_that_cannot_be_read_is_one_line_and_is_left_in_place(tmp_pat
   (tmp_path / 'metrics.jsonl' / 'notes.txt').write_text('keep me')
   assert re.fullmatch(r'cannot read \S+/metrics.jsonl \(Is a directory\); move it out of the run '
                       'directory or restore it, then rerun the same command', line_of(
-                          lambda: loop.train_and_evaluate(make_config(num_epochs=1),
+                          lambda: loop.train_and_evaluate(resolve(make_config(num_epochs=1)),
                                                           RunDirectory(tmp_path))))
   assert (tmp_path / 'metrics.jsonl' / 'notes.txt').read_text() == 'keep me'
 
@@ -539,7 +541,7 @@ def test_memory_the_machine_cannot_give_for_the_data_is_one_line_and_writes_noth
     raise MemoryError('Unable to allocate output buffer.')
 
   monkeypatch.setattr(gzip, 'decompress', decompress)
-  assert line_of(lambda: loop.train_and_evaluate(make_config(num_epochs=1), RunDirectory(
+  assert line_of(lambda: loop.train_and_evaluate(resolve(make_config(num_epochs=1)), RunDirectory(
       tmp_path / 'run'))) == ('this machine ran out of memory (MemoryError: Unable to allocate '
                               f'output buffer.); {FREE_MEMORY}')
   assert not (tmp_path / 'run').exists()

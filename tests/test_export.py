@@ -23,6 +23,7 @@ from tests.conftest import (MNIST_DIR, ROOT, TENSORFLOW_LOGS_AT_IMPORT, line_of,
                             override_flags, run_train, signalled_in)
 from tests.exports.write import WEIGHTS
 from tests.test_predict import flip_each_checkpoint
+from trainer.plan import resolve
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import RunLock
@@ -63,8 +64,8 @@ def snapshot(folder) -> dict[str, bytes | None]:
 def run(tmp_path_factory, mnist_dir):
   """A run of the default recipe for one epoch on 2,000 images."""
   workdir = tmp_path_factory.mktemp('run')
-  loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:2000]',
-                                      data__eval_split='test[:100]'), RunDirectory(workdir))
+  loop.train_and_evaluate(resolve(make_config(num_epochs=1, data__train_split='train[:2000]',
+                                      data__eval_split='test[:100]')), RunDirectory(workdir))
   return workdir
 
 

@@ -16,7 +16,8 @@ from tests.conftest import (EVAL_COUNT, ROOT, Recorder, assert_same_numbers, mak
                             member_records, read_metrics, run_train, without_timings)
 from trainer import evaluation, loop
 from trainer.checkpoints import Checkpoints
-from trainer.programs import keys_of, make_mesh, member_count, recipe_of, state_template
+from trainer.plan import resolve
+from trainer.programs import state_template
 from trainer.run_dir import RunDirectory
 
 # Small and quick, with everything random on that a member must draw as its own seed's run would:
@@ -37,7 +38,8 @@ def train(workdir, **overrides) -> str:
   """Trains the settings with the overrides in `workdir`; returns what the run printed."""
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
-    loop.train_and_evaluate(make_config(**{**SETTINGS, **overrides}), RunDirectory(workdir))
+    loop.train_and_evaluate(resolve(make_config(**{**SETTINGS, **overrides})),
+                            RunDirectory(workdir))
   return printed.getvalue()
 
 
@@ -119,10 +121,10 @@ def test_a_damaged_newest_checkpoint_of_members_falls_back_and_resumes_exactly(m
 def test_a_resume_with_another_number_of_models_is_refused_in_one_line(members_run):
   workdir = members_run[0]
   other = make_config(**SETTINGS, num_models=2)
-  with Checkpoints(RunDirectory(workdir), other, keys_of(other)[1], Recorder(pytest.fail),
+  with Checkpoints(RunDirectory(workdir), resolve(other, one_device=True), Recorder(pytest.fail),
                    read_only=True) as saved:
     with pytest.raises(UserError) as error:
-      saved.restore(state_template(recipe_of(other, 1), make_mesh("jit"), member_count(other)))
+      saved.restore(state_template(resolve(other, one_device=True)))
   message = str(error.value)
   assert message.startswith(f'the checkpoint of epoch 2 in {workdir} was saved with num_models=3, '
                             'but this run has num_models=2; ') and '\n' not in message
@@ -132,8 +134,8 @@ def test_eval_only_scores_the_ensemble_and_says_so(members_run, tmp_path):
   workdir = shutil.copytree(members_run[0], tmp_path / 'run')
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
-    record = evaluation.evaluate_checkpoint(make_config(**SETTINGS, num_models=MEMBERS,
-                                                       eval_only=True), RunDirectory(workdir))
+    record = evaluation.evaluate_checkpoint(resolve(make_config(**SETTINGS, num_models=MEMBERS,
+                                                       eval_only=True)), RunDirectory(workdir))
   final = read_metrics(members_run[0])[-1]
   for name in ('eval_accuracy', 'eval_ensemble_accuracy', 'eval_loss_by_member'):
     assert record[name] == final[name], name

@@ -9,7 +9,8 @@ from flax import nnx
 
 from mlp import optim, randomness, steps
 from mlp.model import MLP, dropout
-from trainer.programs import create_state, recipe_of
+from trainer.plan import recipe_of
+from trainer.programs import create_state
 from tests.conftest import make_config
 
 
@@ -75,7 +76,7 @@ def test_batch_metrics_on_hand_computed_logits():
 def test_train_step_lowers_the_loss_on_its_batch():
   config = make_config(model__hidden_sizes=(32,), learning_rate=1e-2, warmup_epochs=0,
                        schedule='constant')
-  state = create_state(recipe_of(config, steps_per_epoch=10), jax.random.key(0))
+  state = create_state(recipe_of(config, (), steps_per_epoch=10), jax.random.key(0))
   batch = {'image': jax.random.normal(jax.random.key(1), (16, 784)),
            'label': jnp.arange(16) % 10}
   losses = []
@@ -90,7 +91,7 @@ def test_train_step_lowers_the_loss_on_its_batch():
 @pytest.mark.parametrize('name', ['sgd', 'momentum', 'adam', 'adamw'])
 def test_every_optimizer_follows_warmup_then_cosine_decay(name):
   config = make_config(optimizer=name, learning_rate=0.1, warmup_epochs=1, num_epochs=4)
-  tx = recipe_of(config, steps_per_epoch=10).optimizer
+  tx = recipe_of(config, (), steps_per_epoch=10).optimizer
   params = {'w': jnp.ones(3)}
   opt_state = tx.init(params)
   sizes = []
@@ -124,7 +125,7 @@ def test_label_smoothing_keeps_its_share_on_the_label_and_spreads_the_rest():
 
 
 def test_members_start_as_their_seeds_runs_and_their_ensemble_averages_probabilities():
-  recipe = recipe_of(make_config(model__hidden_sizes=(16,)), steps_per_epoch=10)
+  recipe = recipe_of(make_config(model__hidden_sizes=(16,)), (), steps_per_epoch=10)
   create = jax.jit(lambda key: create_state(recipe, key))  # Eager initialization takes seconds.
   init_keys, run_keys = randomness.member_keys(np.arange(4, 7, dtype=np.uint32))
   members = create(init_keys)

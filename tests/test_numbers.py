@@ -15,6 +15,7 @@ from benchmarks.numbers_spread import RUNS, difference, first_epoch_differences,
 from benchmarks.numbers_spread import read_runs, seed_of
 from tests.conftest import ROOT, make_config, override_flags, read_metrics, run_train
 from tests.conftest import without_timings
+from trainer.plan import resolve
 from trainer import loop
 from trainer.run_dir import RunDirectory
 
@@ -124,7 +125,7 @@ def test_the_same_config_and_seed_give_identical_numbers_twice(tmp_path, mnist_d
   """Two runs on this machine: every figure and every parameter bit for bit."""
   config = make_config(num_epochs=2, data__train_split='train[:2000]')
   for name in ('first', 'second'):
-    loop.train_and_evaluate(config, RunDirectory(tmp_path / name))
+    loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / name))
   first, second = (without_timings(read_metrics(tmp_path / n)) for n in ('first', 'second'))
   assert len(first) == 2 and first == second
   for a, b in zip(_params(tmp_path / 'first'), _params(tmp_path / 'second'), strict=True):

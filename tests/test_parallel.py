@@ -16,7 +16,7 @@ from tests.conftest import (EVAL_COUNT, ROOT, TRAIN_COUNT, assert_same_numbers, 
                             member_records, on_devices, read_metrics)
 from tests.parallel_probe import MEMBER_MODES, RESUME_MARK, RESUMES, SETTINGS
 from trainer import config_rules
-from trainer.programs import choose_mode
+from trainer.plan import choose_mode
 
 
 @pytest.fixture(scope='module')

@@ -19,6 +19,7 @@ from data import digit_images
 from data.mnist import load_split
 from library_errors import THREAD_REFUSED
 from tests.conftest import ROOT, line_of, make_config, read_metrics, run_train, signalled_in
+from trainer.plan import resolve
 from trainer import checkpoints, config_fields, evaluation, pictures
 from trainer.reporting import EVAL_FILE
 from trainer.run_dir import RunDirectory
@@ -189,7 +190,7 @@ def test_a_run_and_an_eval_only_draw_their_mistakes_and_confusion_matrix(quick_r
   copy = tmp_path / 'run'  # eval_only on a copy without the run's pictures and events.
   shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns('*.png', 'events.*'))
   config.eval_only = True
-  record = evaluation.evaluate_checkpoint(config, RunDirectory(copy))
+  record = evaluation.evaluate_checkpoint(resolve(config), RunDirectory(copy))
   assert_pictures(copy, wrong, config.num_epochs)
   assert {name: (copy / f'{name}.png').read_bytes() for name in drawn} == drawn
   assert [json.loads(line) for line in (copy / EVAL_FILE).read_text().splitlines()] == [record]

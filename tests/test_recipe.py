@@ -19,7 +19,8 @@ from flax import nnx
 from data.mnist import Examples, load_splits
 from mlp import augment, batches, passes, randomness, steps
 from mlp.model import MLP
-from trainer.programs import compile_programs, epoch_spec, recipe_of
+from trainer.plan import epoch_spec, recipe_of, resolve
+from trainer.programs import compile_programs
 from tests.conftest import make_config
 
 # A distortion with every range away from its default.
@@ -53,7 +54,7 @@ def first_step(mnist_dir) -> FirstStep:
   """Epoch 1 of RECIPE as the trainer compiles and runs it."""
   config = recipe()
   train, evaluation = load_splits(config.data, config.data.train_split, config.data.eval_split)
-  epochs = compile_programs(config, train, evaluation)
+  epochs = compile_programs(resolve(config), train, evaluation)
   state = epochs.fresh_state()
   before = jax.device_get(state)  # The epoch consumes (donates) the state it starts from.
   after, metrics = epochs.train_epoch(state, 1)
@@ -150,7 +151,7 @@ def test_the_epoch_spec_carries_each_field_that_shapes_an_epoch():
   assert all(value != defaults[name] for name, value in DISTORTED.items())
   config = make_config(batch_size=64, label_smoothing=0.1, data__max_shift=2,
                        **{f'data__distort__{name}': value for name, value in DISTORTED.items()})
-  assert epoch_spec(config, 'data') == passes.EpochSpec(64, 2, augment.Distortion(**DISTORTED),
+  assert epoch_spec(config, (), 'data') == passes.EpochSpec(64, 2, augment.Distortion(**DISTORTED),
                                                        'data', 0.1)
 
 
@@ -168,7 +169,7 @@ FIRST_UPDATES = {  # By their formulas: weight decay is AdamW's alone.
 
 @pytest.mark.parametrize('name', sorted(FIRST_UPDATES))
 def test_each_optimizer_takes_its_first_step_with_the_configs_settings(name):
-  tx = recipe_of(make_config(optimizer=name, **OPTIMIZER), steps_per_epoch=10).optimizer
+  tx = recipe_of(make_config(optimizer=name, **OPTIMIZER), (), steps_per_epoch=10).optimizer
   update, _ = jax.jit(tx.update)(G, tx.init(P), P)
   # 1e-4: Adam's bias correction, 1 - 0.999 in float32.
   np.testing.assert_allclose(update, FIRST_UPDATES[name], rtol=1e-4)
@@ -189,14 +190,14 @@ def test_the_learning_rate_follows_the_configs_peak_warmup_schedule_and_length(s
                                                                                warmup_epochs):
   config = make_config(learning_rate=0.1, schedule=schedule, warmup_epochs=warmup_epochs,
                        num_epochs=4)
-  rates = jax.jit(recipe_of(config, steps_per_epoch=10).schedule)(jnp.arange(41))
+  rates = jax.jit(recipe_of(config, (), steps_per_epoch=10).schedule)(jnp.arange(41))
   expected = [expected_rate(s, schedule, round(10 * warmup_epochs), 40) for s in range(41)]
   np.testing.assert_allclose(rates, expected, rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.parametrize('dtype, computed', [('float32', jnp.float32), ('bfloat16', jnp.bfloat16)])
 def test_the_configs_dtype_is_what_the_models_matmuls_compute_in(dtype, computed):
-  make_model = recipe_of(make_config(dtype=dtype, model__hidden_sizes=(32,)), 1).model
+  make_model = recipe_of(make_config(dtype=dtype, model__hidden_sizes=(32,)), (), 1).model
   graphdef, params = nnx.split(nnx.eval_shape(lambda: make_model(rngs=nnx.Rngs(params=0))),
                                nnx.Param)
   jaxpr = jax.make_jaxpr(lambda p: nnx.merge(graphdef, p)(jnp.ones((2, 784))))(params)

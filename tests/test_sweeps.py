@@ -15,6 +15,7 @@ from tests.conftest import (ROOT, Recorder, assert_same_numbers, line_of, make_c
                             member_records, read_metrics, run_train)
 from tests.test_members import SETTINGS, TRAIN_COUNT, train
 from tests.test_trainer import tensorboard_view
+from trainer.plan import resolve
 from trainer import evaluation, loop
 from trainer.run_dir import RunDirectory
 
@@ -61,7 +62,8 @@ def test_quick_s_members_end_near_their_separate_runs(tmp_path, mnist_dir):
   The last epoch within the spread measured there."""
   quick = dict(num_epochs=2, batch_size=256, data__eval_split='test[:1000]')
   train_quick = lambda folder, **more: loop.train_and_evaluate(
-      make_config(**quick, data__train_split='train', **more), RunDirectory(tmp_path / folder))
+      resolve(make_config(**quick, data__train_split='train', **more)),
+      RunDirectory(tmp_path / folder))
   train_quick('sweep', **sweep_of('learning_rate', (1e-3, 2e-3)))
   train_quick('alone', learning_rate=2e-3)
   ours = member_records(read_metrics(tmp_path / 'sweep'), 1)[-1]
@@ -105,9 +107,9 @@ def test_a_sweep_scored_on_the_test_set_warns_that_its_choice_has_no_honest_test
                                                                                       mnist_dir):
   host = Recorder()
   with contextlib.redirect_stdout(io.StringIO()):
-    loop.train_and_evaluate(make_config(num_epochs=1, data__train_split='train[:1024]',
+    loop.train_and_evaluate(resolve(make_config(num_epochs=1, data__train_split='train[:1024]',
                                         data__eval_split='test[:500]', model__hidden_sizes=(32,),
-                                        **sweep_of('learning_rate', (1e-3, 2e-3))),
+                                        **sweep_of('learning_rate', (1e-3, 2e-3)))),
                             RunDirectory(tmp_path), host)
   assert host.warnings == [
       'the members were scored on the test set (test[:500]): a recipe chosen there has no honest '
@@ -182,9 +184,9 @@ def test_eval_only_scores_each_member(sweep_run, tmp_path):
   workdir = shutil.copytree(sweep_run[0], tmp_path / 'run')
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
-    evaluation.evaluate_checkpoint(make_config(**{
+    evaluation.evaluate_checkpoint(resolve(make_config(**{
         **SETTINGS, 'num_models': 2, 'data__eval_split': 'train[50000:52000]', 'eval_only': True,
-        **sweep_of('learning_rate', (1e-3, 3e-3))}), RunDirectory(workdir))
+        **sweep_of('learning_rate', (1e-3, 3e-3))})), RunDirectory(workdir))
   printed = printed.getvalue()
   table = printed[printed.index('members by eval accuracy'):].splitlines()[1:5]
   final = read_metrics(workdir)[-1]

@@ -13,6 +13,7 @@ import pytest
 
 from data import tfds_source
 from data.mnist import Examples, load_split, load_splits
+from trainer.plan import resolve
 from trainer import loop
 from trainer.run_dir import RunDirectory
 from errors import UserError
@@ -60,7 +61,7 @@ def test_tfds_prepares_the_carried_files_offline_the_idx_examples_and_trains(tmp
   for ours, theirs in zip(from_tfds, from_idx, strict=True):
     assert not np.array_equal(ours.labels, theirs.labels)  # TFDS's own order, as the README says,
     assert rows(ours) == rows(theirs)  # of the very same examples.
-  record = loop.train_and_evaluate(config, RunDirectory(tmp_path / 'run'))
+  record = loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path / 'run'))
   assert record['epoch'] == 1 and record['eval_accuracy'] > 0.5, record  # Chance: 0.1.
   assert no_network == [], no_network
   by_hand = run_train('--config=configs/quick.py', f'--workdir={tmp_path / "by_hand"}',

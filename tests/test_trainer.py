@@ -14,7 +14,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 from data.mnist import load_split
-from trainer.programs import compile_programs, recipe_of
+from trainer.plan import recipe_of, resolve
+from trainer.programs import compile_programs
 from mlp import steps
 from trainer import loop, processes
 from trainer import run_dir as run_dir_module
@@ -49,7 +50,7 @@ def as_scalars(records: list[dict]) -> dict:
 def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_path, capsys,
                                                                          mnist_dir):
   config = make_config(**SMALL)
-  record = loop.train_and_evaluate(config, RunDirectory(tmp_path))
+  record = loop.train_and_evaluate(resolve(config), RunDirectory(tmp_path))
   records = read_metrics(tmp_path)
   assert records[-1] == record
   assert set(record) == {'epoch', 'train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
@@ -58,7 +59,7 @@ def test_each_epoch_writes_a_json_line_tensorboard_events_and_a_log_line(tmp_pat
   # 2,000 images at batch 128: 15 full steps, 1,920 images trained per epoch.
   assert record['train_images_per_second'] * record['epoch_seconds'] >= 1920 * 0.99
   # The rate of each epoch's last step: warmup ends at step 15, cosine decays to 0 at step 30.
-  schedule = recipe_of(config, steps_per_epoch=15).schedule
+  schedule = recipe_of(config, (), steps_per_epoch=15).schedule
   assert [r['learning_rate'] for r in records] == [float(schedule(14)), float(schedule(29))]
   assert records[0]['learning_rate'] == pytest.approx(2e-3 * 14 / 15)
   scalars, images = tensorboard_view(tmp_path)  # Each figure of each epoch, as in metrics.jsonl:
@@ -89,7 +90,7 @@ def test_a_run_imports_no_torch_where_torch_is_installed(tmp_path, mnist_dir):
 def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_thread(
     tmp_path, monkeypatch):
   threads = set(threading.enumerate())
-  reporter = Reporter(RunDirectory(tmp_path), make_config(num_epochs=2), Recorder())
+  reporter = Reporter(RunDirectory(tmp_path), resolve(make_config(num_epochs=2)), Recorder())
   reporter.start(0)
   [events] = tmp_path.glob('events.out.tfevents.*')
   started, inode = events.read_bytes(), events.stat().st_ino
@@ -116,7 +117,7 @@ def test_events_grow_in_place_and_a_refused_write_is_one_line_at_once_with_no_th
 def test_padded_evaluation_scores_every_example_once(mnist_dir):
   config = make_config(data__eval_split='test[8001:]')  # 1,999 images: the last batch is padded.
   examples = load_split(config.data, config.data.eval_split)
-  run = compile_programs(config, None, examples)
+  run = compile_programs(resolve(config), None, examples)
   on_mesh = run.fresh_state()
   state = jax.device_get(on_mesh)
   sums = jax.device_get(run.eval_program(on_mesh, run.eval_data))
@@ -130,7 +131,7 @@ def test_padded_evaluation_scores_every_example_once(mnist_dir):
 
 @pytest.mark.slow
 def test_profile_epoch_traces_that_epoch_into_the_run_directory(tmp_path, capsys, mnist_dir):
-  loop.train_and_evaluate(make_config(**SMALL, profile_epoch=2), RunDirectory(tmp_path))
+  loop.train_and_evaluate(resolve(make_config(**SMALL, profile_epoch=2)), RunDirectory(tmp_path))
   traces = list(tmp_path.glob('plugins/profile/*/perfetto_trace.json.gz'))
   assert len(traces) == 1 and list(traces[0].parent.glob('*.xplane.pb'))
   events = json.load(gzip.open(traces[0]))['traceEvents']
@@ -146,7 +147,7 @@ def test_the_matmul_precision_is_compiled_into_the_epochs_matmuls(precision, ope
   config = make_config(matmul_precision=precision, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  epochs = compile_programs(config, train, evaluation)
+  epochs = compile_programs(resolve(config), train, evaluation)
   for program in (epochs.train_program, epochs.eval_program):
     found = set(re.findall(r'operand_precision=(\{[^}]*\})', program.as_text()))
     assert found == ({operands} if operands else set())  # XLA's default leaves it unset.
@@ -157,7 +158,7 @@ def test_an_epoch_moves_nothing_between_host_and_devices_unasked(mnist_dir):
   copy of the data, the state or the epoch number) cannot come back unseen."""
   config = make_config(data__train_split='train[:256]', data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  epochs = compile_programs(config, train, evaluation)
+  epochs = compile_programs(resolve(config), train, evaluation)
   state = epochs.fresh_state()
   with jax.transfer_guard('disallow'):
     with pytest.raises(jax.errors.JaxRuntimeError, match='Disallowed host-to-device transfer'):
@@ -165,7 +166,7 @@ def test_an_epoch_moves_nothing_between_host_and_devices_unasked(mnist_dir):
       epochs.train_program(state, epochs.train_data, epochs.run_key, np.int32(1))
     state, train_metrics = epochs.train_epoch(state, 1)
     eval_metrics = epochs.evaluate(state)
-  assert jax.device_get(state.step) == epochs.steps_per_epoch == 2
+  assert jax.device_get(state.step) == epochs.plan.steps_per_epoch == 2
   assert 0 < train_metrics['loss'] < 5 and 0 < eval_metrics['loss'] < 5
 
 
@@ -176,7 +177,7 @@ def test_an_epoch_consumes_the_state_it_starts_from_in_every_mode(parallel, mnis
   config = make_config(parallel=parallel, data__train_split='train[:256]',
                        data__eval_split='test[:100]')
   train, evaluation = (load_split(config.data, s) for s in ('train[:256]', 'test[:100]'))
-  epochs = compile_programs(config, train, evaluation)
+  epochs = compile_programs(resolve(config), train, evaluation)
   start = epochs.fresh_state()
   state, _ = epochs.train_epoch(start, 1)
   assert all(leaf.is_deleted() for leaf in jax.tree.leaves(start))
@@ -193,7 +194,7 @@ def test_a_one_process_run_exchanges_nothing_between_processes(tmp_path, monkeyp
   tiny = dict(data__train_split='train[:256]', data__eval_split='test[:100]',
               model__hidden_sizes=(16,))
   for num_epochs in (1, 3):
-    loop.train_and_evaluate(make_config(num_epochs=num_epochs, **tiny),
+    loop.train_and_evaluate(resolve(make_config(num_epochs=num_epochs, **tiny)),
                             RunDirectory(tmp_path / str(num_epochs)))
   assert not gathered
 

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -28,8 +27,9 @@ from errors import CheckpointUnreadable, SaveFailed, UserError, causes, clipped,
 from library_errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_STEP_GONE,
                             ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS)
 from mlp import steps
-from trainer import config_fields, config_rules
+from trainer import config_rules
 from trainer.host import Host
+from trainer.plan import Checkpointing, Plan
 from trainer.run_dir import RunDirectory
 
 STATE, META = 'state', 'meta'
@@ -150,22 +150,22 @@ class _DueAndPaced(ocp.checkpoint_managers.SaveDecisionPolicy):
         ocp.checkpoint_managers.FixedIntervalPolicy(self.epochs), paced))
 
 
-def _options(config: ml_collections.ConfigDict, read_only: bool) -> ocp.CheckpointManagerOptions:
+def _options(saving: Checkpointing, read_only: bool) -> ocp.CheckpointManagerOptions:
   """When to save (orbax asks the policy) and which checkpoints to keep. read_only: no folder made,
   no half-written save cleaned up (it may be a live run's), no pacing (an older checkpoint's config
   lacks checkpoint_min_seconds). (Orbax's own read_only warns on every use: nothing here saves.)"""
   # 0 s: every due epoch, even one that ends while the last save is written (which orbax's
   # continuous policy would pass over).
-  due = ocp.checkpoint_managers.FixedIntervalPolicy(config.checkpoint_every_epochs)
-  if not read_only and config.checkpoint_min_seconds > 0:
-    due = _DueAndPaced(config.checkpoint_every_epochs, config.checkpoint_min_seconds)
+  due = ocp.checkpoint_managers.FixedIntervalPolicy(saving.every_epochs)
+  if not read_only and saving.min_seconds > 0:
+    due = _DueAndPaced(saving.every_epochs, saving.min_seconds)
   # LatestN sees orbax's checkpoints only: set_aside renames damaged ones out of its sight. Orbax's
   # default step folders ('3', ...), which RunDirectory.checkpoint_epochs() lists.
   return ocp.CheckpointManagerOptions(
       create=not read_only, cleanup_tmp_directories=not read_only,
       enable_async_checkpointing=True, enable_background_delete=not read_only,
       save_decision_policy=due,
-      preservation_policy=ocp.checkpoint_managers.LatestN(config.max_checkpoints_to_keep))
+      preservation_policy=ocp.checkpoint_managers.LatestN(saving.keep))
 
 
 def _why(error: BaseException) -> str:
@@ -304,12 +304,12 @@ def saved_config(run_dir: RunDirectory) -> tuple[int, dict[str, Any]] | None:
   return found
 
 
-def refuse_other_numbers(run_dir: RunDirectory, config: ml_collections.ConfigDict) -> None:
+def refuse_other_numbers(run_dir: RunDirectory, flat: dict[str, Any]) -> None:
   """A resume whose config trains other numbers than the newest readable checkpoint's is refused
   before the data loads and anything compiles; damage is left to Checkpoints.restore."""
   found, _ = _newest_config(run_dir)
   if found is not None:
-    config_rules.check_resumable(found[1], config_fields.flat_config(config),
+    config_rules.check_resumable(found[1], flat,
                                  f'the checkpoint of epoch {found[0]} in {run_dir.name}')
 
 
@@ -320,15 +320,13 @@ class Checkpoints:
   process 0 alone writes the files that are not orbax's.
   """
 
-  def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, run_key: jax.Array,
-               host: Host, read_only: bool = False):
+  def __init__(self, run_dir: RunDirectory, plan: Plan, host: Host, read_only: bool = False):
     self.directory = run_dir.name
     self.save_pauses: list[float] = []  # Seconds each save held training up (the copy to host).
     self._run_dir, self._read_only, self._host = run_dir, read_only, host
-    self._config = config_fields.flat_config(config)
-    # The run's key (which a restore checks against the seed's), on the host: one copy of a
-    # replicated one.
-    self._run_key = np.asarray(jax.random.key_data(run_key).addressable_data(0))
+    self._config = plan.saved
+    # The run's key (which a restore checks against the seed's), on the host.
+    self._run_key = np.asarray(jax.random.key_data(plan.keys[1]))
     self._reports = _OrbaxReports(self.directory)  # Muting from here on: the manager reads too.
     self._failed = False  # A read or write failed: orbax's abandoned work may report later.
     threads = set(threading.enumerate())
@@ -336,7 +334,7 @@ class Checkpoints:
       on_failure.callback(self._reports.close, abandoned=False)
       self._manager = ocp.CheckpointManager(self.directory,
                                             handler_registry=_handlers(host.primary),
-                                            options=_options(config, read_only))
+                                            options=_options(plan.checkpointing, read_only))
       on_failure.pop_all()
     # Its clean-up of half-written saves runs in a thread that only a save waits for: a run that
     # stops before saving waits in close(), or the exit cuts it short with orbax's traceback.

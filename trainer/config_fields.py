@@ -12,9 +12,13 @@ from typing import Any
 import ml_collections
 
 from configs import default
-from trainer.sweeps import SWEEPABLE
 
 NAMED_AT_MOST = 4  # Fields a line names before it counts the rest.
+# The fields that members of one program may each set their own (trainer/members.py): values of
+# the optimizer's state (mlp/optim.py's INJECTED) or of each member's step (mlp/steps.py's Hyper).
+# A field that shapes the program (the widths, batch_size, num_epochs) cannot vary.
+VARIABLE = ('learning_rate', 'weight_decay', 'label_smoothing', 'model.dropout_rate')
+ABSENT: Any = object()  # value_at's default: no such field.
 
 
 def fields(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any]:
@@ -26,6 +30,19 @@ def fields(config: ml_collections.ConfigDict, prefix: str = '') -> dict[str, Any
     else:
       flat[f'{prefix}{key}'] = value
   return flat
+
+
+def value_at(config: ml_collections.ConfigDict, name: str, default: Any = ABSENT) -> Any:
+  """The value of a dotted field name (`model.dropout_rate`) in a config or a group of it; `default`
+  where there is no such field (ABSENT: a KeyError)."""
+  value: Any = config
+  for key in name.split('.'):
+    if not (isinstance(value, ml_collections.ConfigDict) and key in value):
+      if default is ABSENT:
+        raise KeyError(name)
+      return default
+    value = value[key]
+  return value
 
 
 def field_names(config: ml_collections.ConfigDict) -> list[str]:
@@ -80,9 +97,9 @@ def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -
 def unsweepable(name: str) -> str | None:
   """The line for a sweep of a field that no sweep can vary (None for any other name)."""
   field = name.removeprefix('sweep.')
-  if field == name or field in SWEEPABLE:
+  if field == name or field in VARIABLE:
     return None
-  return (f'{field} cannot vary inside one program: a sweep varies {", ".join(SWEEPABLE)}; give '
+  return (f'{field} cannot vary inside one program: a sweep varies {", ".join(VARIABLE)}; give '
           f'each value of {field} its own run (--config.{field}=VALUE --workdir=...)')
 
 

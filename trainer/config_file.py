@@ -17,7 +17,7 @@ import ml_collections
 from absl import flags
 
 from errors import UsageError, UserError, shown
-from trainer.config_fields import close_field, field_names, field_problem, unsweepable
+from trainer.config_fields import close_field, field_names, field_problem, unsweepable, value_at
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
@@ -134,11 +134,8 @@ def override_problem(config: ml_collections.ConfigDict,
   """The line for an override that names no field of the config, or a group of fields, or gives a
   tuple field a dict or set (which ml_collections would take as its keys, silently); None if each
   names a field."""
-  absent = object()
   for name, text in overridden:
-    value: Any = config
-    for key in name.split('.'):
-      value = value.get(key, absent) if isinstance(value, ml_collections.ConfigDict) else absent
+    value = value_at(config, name, absent := object())
     if value is absent and (said := unsweepable(name)):
       return said
     if value is absent:

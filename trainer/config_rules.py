@@ -15,8 +15,8 @@ from errors import ConfigError, UserError
 from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
-from trainer import sweeps
-from trainer.config_fields import field_problem, fields
+from trainer import members
+from trainer.config_fields import VARIABLE, field_problem, fields
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
@@ -71,7 +71,7 @@ FREE_FIELDS = frozenset({
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {
     'dtype': 'float32', 'label_smoothing': 0.0, 'num_models': 1,
-    **{f'sweep.{name}': [] for name in sweeps.SWEEPABLE},  # As JSON saves an empty tuple.
+    **{f'sweep.{name}': [] for name in VARIABLE},  # As JSON saves an empty tuple.
     **{f'data.distort.{name}': value for name, value in dataclasses.asdict(Distortion()).items()}}
 
 
@@ -110,7 +110,7 @@ def _check_each_field(flat: dict[str, Any]) -> None:
 
 def _check_sweep(flat: dict[str, Any]) -> None:
   """Each swept field's values: a tuple, each value as the field itself takes it."""
-  for name in sweeps.SWEEPABLE:
+  for name in VARIABLE:
     values, (kind, within, fix) = flat[f'sweep.{name}'], NUMBERS[name]
     if not (isinstance(values, (tuple, list))
             and all(_is_number(value) and within(value) for value in values)):
@@ -144,7 +144,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     raise UserError(problem)
   _check_each_field(fields(config))
   _check_together(config)
-  sweeps.check(config)
+  members.check(config)
 
 
 def settings_to_warn_of(config: ml_collections.ConfigDict) -> list[str]:

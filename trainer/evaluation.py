@@ -3,15 +3,16 @@
 import dataclasses
 
 import jax
-import ml_collections
 import numpy as np
 
+from configs import default
 from errors import During, UserError
 from mlp import passes, steps
-from trainer import backend, checkpoints, config_fields, pictures, reporting, sweeps
+from trainer import backend, checkpoints, config_fields, pictures, reporting
 from trainer.checkpoints import Restored
 from trainer.host import Host
-from trainer.programs import member_count
+from trainer.members import label
+from trainer.plan import Plan, resolve
 from trainer.run import Run, open_run, open_saved
 from trainer.run_dir import RunDirectory
 
@@ -19,15 +20,15 @@ _predict = jax.jit(passes.predict, static_argnames='batch_size')  # Compiled per
 
 
 def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
-                   config: ml_collections.ConfigDict) -> np.ndarray:
+                   plan: Plan) -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, as the evaluation makes them."""
-  with jax.default_matmul_precision(config.matmul_precision):
-    return np.asarray(jax.device_get(_predict(state, images, batch_size=config.eval_batch_size)))
+  with jax.default_matmul_precision(plan.precision):
+    return np.asarray(jax.device_get(_predict(state, images, batch_size=plan.eval_batch_size)))
 
 
-def ensemble_of(config: ml_collections.ConfigDict) -> str:
+def ensemble_of(plan: Plan) -> str:
   """Words for what classifies when a run trains several models: their ensemble; '' for one."""
-  count = member_count(config)
+  count = len(plan.members)
   return f', ensemble of {count} models (mean probabilities)' if count > 1 else ''
 
 
@@ -35,13 +36,13 @@ def ensemble_of(config: ml_collections.ConfigDict) -> str:
 def draw_and_score_digits(run: Run, state: steps.TrainState, epoch: int) -> list[float | None]:
   """The eval split's accuracy per digit; its mistakes and confusion matrix drawn for the user."""
   images, labels = run.eval.images, run.eval.labels  # The host's copy: none comes back.
-  predicted = predict_logits(state, run.programs.eval_data[0], run.config).argmax(axis=1)
+  predicted = predict_logits(state, run.programs.eval_data[0], run.plan).argmax(axis=1)
   matrix = pictures.confusion_matrix(labels, predicted)
-  where = f'{run.config.data.eval_split}, checkpoint of epoch {epoch}{ensemble_of(run.config)}'
+  where = f'{run.plan.data.eval_split}, checkpoint of epoch {epoch}{ensemble_of(run.plan)}'
   run.reporter.pictures({
       'mistakes': pictures.draw_mistakes(images, labels, predicted, f'mistakes on {where}'),
       'confusion': pictures.draw_confusion(matrix, f'confusion matrix on {where}')}, epoch)
-  run.reporter.log(f'eval accuracy per digit{ensemble_of(run.config)}: '
+  run.reporter.log(f'eval accuracy per digit{ensemble_of(run.plan)}: '
                    f'{pictures.per_digit_text(matrix)}; drew its mistakes.png and confusion.png')
   return pictures.per_digit_accuracy(matrix)
 
@@ -58,7 +59,7 @@ def _no_checkpoint(run_dir: RunDirectory, what_to_do: str) -> UserError:
   return UserError(f'no checkpoint in {run_dir}{what_to_do}')
 
 
-def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory,
+def evaluate_checkpoint(plan: Plan, run_dir: RunDirectory,
                         host: Host | None = None) -> dict:
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
   missing = _no_checkpoint(run_dir, ' to evaluate; train first (the same command without '
@@ -67,7 +68,7 @@ def evaluate_checkpoint(config: ml_collections.ConfigDict, run_dir: RunDirectory
   if not run_dir.exists():
     raise missing
   # Evaluating only: a live run's files stay as they are.
-  with open_run(config, run_dir, host or Host(), evaluate_only=True) as run:
+  with open_run(plan, run_dir, host or Host(), evaluate_only=True) as run:
     restored = run.restore()
     if restored is None:
       raise missing
@@ -82,7 +83,7 @@ def report_finished(run: Run, restored: Restored) -> dict:
   The training figures come from metrics.jsonl; without that record, the evaluation stands alone.
   """
   run.reporter.log(f'nothing to train: the checkpoint is at epoch {restored.epoch} and num_epochs '
-                   f'is {run.config.num_epochs} (raise --config.num_epochs to train on); final '
+                   f'is {run.plan.num_epochs} (raise --config.num_epochs to train on); final '
                    'metrics:')
   evaluated = _score(run, restored)
   run.reporter.draw_curves()  # Redrawn: a run resumed from an older code may lack it.
@@ -95,9 +96,8 @@ def report_finished(run: Run, restored: Restored) -> dict:
   return evaluated
 
 
-def restore_run(run_dir: RunDirectory, host: Host | None = None
-                ) -> tuple[ml_collections.ConfigDict, Restored]:
-  """The run's config and its newest checkpoint that restores and verifies, on one device; the
+def restore_run(run_dir: RunDirectory, host: Host | None = None) -> tuple[Plan, Restored]:
+  """The run's plan on one device and its newest checkpoint that restores and verifies there; the
   damaged ones passed over said through `host`'s warnings.
 
   Raises UserError when `run_dir` holds no checkpoint, or only damaged ones.
@@ -108,60 +108,61 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None
   found = checkpoints.saved_config(run_dir)
   if found is None:
     raise missing
-  config = config_fields.config_from_flat(found[1])
-  with open_saved(config, run_dir, host or Host()) as saved:
+  # Fields newer than an older checkpoint say only how to run: the default's values serve.
+  defaults = config_fields.flat_config(default.get_config())
+  plan = resolve(config_fields.config_from_flat({**defaults, **found[1]}), one_device=True)
+  with open_saved(plan, run_dir, host or Host()) as saved:
     restored = saved.restore()
   if restored is None:
     raise missing
-  return config, restored
+  return plan, restored
 
 
 def classifier(run_dir: RunDirectory, host: Host,
-               member: int | None) -> tuple[ml_collections.ConfigDict, Restored, str]:
-  """What predict.py and export.py classify with: the run's config, its newest good checkpoint on
+               member: int | None) -> tuple[Plan, Restored, str]:
+  """What predict.py and export.py classify with: the run's plan, its newest good checkpoint on
   one device (the CPU beside a TPU's training will do), the member chosen (choose_member's), and
   words that say which."""
   backend.start(cpu_will_do=True)
-  config, restored = restore_run(run_dir, host)
-  return config, *choose_member(config, restored, run_dir, member)
+  plan, restored = restore_run(run_dir, host)
+  return plan, *choose_member(plan, restored, run_dir, member)
 
 
-def choose_member(config: ml_collections.ConfigDict, restored: Restored, run_dir: RunDirectory,
+def choose_member(plan: Plan, restored: Restored, run_dir: RunDirectory,
                   member: int | None) -> tuple[Restored, str]:
   """What classifies, and words that say which: the run's model, its members' ensemble, or one
   member: `member`, or where none is given, a sweep's best on the eval split (metrics.jsonl's)."""
-  count = member_count(config)
-  if member is None and not sweeps.swept(config):
-    return restored, ensemble_of(config)
+  count = len(plan.members)
+  if member is None and not plan.varied:
+    return restored, ensemble_of(plan)
   if not count:
     raise UserError(f'--member={member}: the run in {run_dir} trains one model alone; leave '
                     '--member out')
   why = ''
   if member is None:
-    member, why = _best_member(run_dir, restored.epoch, config), (
-        f', the best on {config.data.eval_split}')
+    member, why = _best_member(run_dir, restored.epoch, count), (
+        f', the best on {plan.data.eval_split}')
   if not 0 <= member < count:
     raise UserError(f'--member={member}: the run in {run_dir} has members 0 to {count - 1}; pass '
                     'one of those')
   state = jax.tree.map(lambda leaf: leaf[member], restored.state)
-  said = sweeps.label(sweeps.members(config)[member].as_dict())
+  said = label(plan.members[member].as_dict())
   return dataclasses.replace(restored, state=state), f', member {member} ({said}){why}'
 
 
-def _best_member(run_dir: RunDirectory, epoch: int, config: ml_collections.ConfigDict) -> int:
+def _best_member(run_dir: RunDirectory, epoch: int, count: int) -> int:
   """The member of the best eval accuracy in metrics.jsonl's record of `epoch`."""
   recorded = [r for r in reporting.read_records(run_dir) if r.get('epoch') == epoch
               and 'eval_accuracy_by_member' in r]
   if not recorded:
     raise UserError(f'{run_dir.file(reporting.METRICS_FILE)} holds no record of epoch {epoch} '
                     f'that names its best member; pass --member=K (0 to '
-                    f'{member_count(config) - 1}) to choose one')
+                    f'{count - 1}) to choose one')
   return reporting.ranked(recorded[-1])[0]
 
 
 @During('classifying')
-def probabilities(config: ml_collections.ConfigDict, restored: Restored,
-                  images: np.ndarray) -> np.ndarray:
+def probabilities(plan: Plan, restored: Restored, images: np.ndarray) -> np.ndarray:
   """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  logits = predict_logits(restored.state, images, config)
+  logits = predict_logits(restored.state, images, plan)
   return np.asarray(jax.nn.softmax(logits, axis=-1))

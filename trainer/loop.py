@@ -1,12 +1,12 @@
-"""The training loop, `train_and_evaluate(config, run_dir)`: the library entry behind train.py. It
-restores or starts, trains and evaluates each epoch, reports and saves it, and stops at an epoch's
-end when a signal asks (a preemptible machine gets a SIGTERM shortly before it goes away)."""
+"""The training loop, `train_and_evaluate(plan, run_dir)`: the library entry behind train.py. It
+restores or starts the planned run, trains and evaluates each epoch, reports and saves it, and
+stops at an epoch's end when a signal asks (a preemptible machine gets a SIGTERM shortly before it
+goes away)."""
 
 import math
 import time
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from errors import UserError
@@ -15,58 +15,60 @@ from trainer import evaluation, reporting
 from trainer.checkpoints import Restored
 from trainer.config_fields import config_from_flat
 from trainer.host import Host, Stopped
-from trainer.programs import recipe_of
+from trainer.plan import Plan, recipe_of
 from trainer.run import Run, open_run
 from trainer.run_dir import RunDirectory
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,
+def train_and_evaluate(plan: Plan, run_dir: RunDirectory,
                        host: Host | None = None) -> dict[str, Any]:
-  """Trains for `config.num_epochs` epochs, evaluating after each; returns the last epoch's record.
+  """Trains for `plan.num_epochs` epochs, evaluating after each; returns the last epoch's record.
 
   Continues from the newest good checkpoint in `run_dir`; saves one every `checkpoint_every_epochs`
   once `checkpoint_min_seconds` have passed since the last, and at the end. A stop that `host`
   hears (a signal) saves the epoch and raises Stopped. A finished run is evaluated and reported
   again.
   """
-  with open_run(config, run_dir, host or Host()) as run:
+  with open_run(plan, run_dir, host or Host()) as run:
     restored = run.restore()
     start = restored.epoch if restored else 0
     if restored:
       _report_resume(run, restored)
     run.reporter.start(start)
-    if restored and start >= config.num_epochs:  # num_epochs >= 1: restored.
+    if restored and start >= plan.num_epochs:  # num_epochs >= 1: restored.
       return evaluation.report_finished(run, restored)
     state = restored.state if restored else run.programs.fresh_state()
-    run.reporter.log(reporting.start_line(run))
+    run.reporter.log(reporting.start_line(run.programs, len(run.eval)))
     record: dict[str, Any] = {}
-    for epoch in range(start + 1, config.num_epochs + 1):
-      with run.reporter.traced(epoch, wanted=epoch == config.profile_epoch):
-        state, record = _train_and_evaluate_epoch(run, state, epoch)
+    for epoch in range(start + 1, plan.num_epochs + 1):
+      state, record = _train_and_evaluate_epoch(run, state, epoch)
       stop = _end_epoch(run, record)
-      run.checkpoints.save(epoch, state, force=bool(stop) or epoch == config.num_epochs)
-      if stop and epoch < config.num_epochs:
+      run.checkpoints.save(epoch, state, force=bool(stop) or epoch == plan.num_epochs)
+      if stop and epoch < plan.num_epochs:
         _stop_once_saved(run, stop, epoch)
     # The last save complete before the run says it is saved; its failure (a full disk) said first,
     # with the checkpoint the run resumes from, not behind a picture that could not be written.
     run.checkpoints.wait()
-    evaluation.draw_and_score_digits(run, state, config.num_epochs)
+    evaluation.draw_and_score_digits(run, state, plan.num_epochs)
     run.reporter.draw_curves()
-    run.reporter.finished(record, run.checkpoints.save_pauses, config.seed)
+    run.reporter.finished(record, run.checkpoints.save_pauses)
     return record
 
 
 def _train_and_evaluate_epoch(run: Run, state: steps.TrainState,
                               epoch: int) -> tuple[steps.TrainState, dict[str, Any]]:
-  """Trains one epoch and evaluates the result: the new state and the epoch's record."""
-  start, programs = time.perf_counter(), run.programs
-  state, trained = programs.train_epoch(state, epoch)
-  train_seconds = time.perf_counter() - start
-  evaluated = programs.evaluate(state)
-  timing = (time.perf_counter() - start, train_seconds,
-            programs.steps_per_epoch * run.config.batch_size)
-  return state, run.reporter.epoch_record(epoch, trained, evaluated, timing,
-                                          programs.learning_rate(epoch))
+  """Trains one epoch and evaluates the result (traced, if it is the plan's profile_epoch): the new
+  state and the epoch's record."""
+  programs, plan = run.programs, run.plan
+  with run.reporter.traced(epoch, wanted=epoch == plan.profile_epoch):
+    start = time.perf_counter()
+    state, trained = programs.train_epoch(state, epoch)
+    train_seconds = time.perf_counter() - start
+    evaluated = programs.evaluate(state)
+    timing = (time.perf_counter() - start, train_seconds,
+              plan.steps_per_epoch * plan.spec.batch_size)
+    return state, run.reporter.epoch_record(epoch, trained, evaluated, timing,
+                                            programs.learning_rate(epoch))
 
 
 def _end_epoch(run: Run, record: dict[str, Any]) -> str | None:
@@ -109,13 +111,14 @@ def _report_resume(run: Run, restored: Restored) -> None:
 
 def _schedule_change(run: Run, restored: Restored) -> str:
   """The learning rate's jump where a new num_epochs stretches the schedule; '' if it does not."""
-  saved, config, programs = config_from_flat(restored.config), run.config, run.programs
-  schedule = recipe_of(saved, programs.steps_per_epoch).schedule  # The saved config's own.
-  # The restored epoch's last update (metrics'), of a sweep of it the first member's.
-  rates = [np.ravel(schedule(restored.epoch * programs.steps_per_epoch - 1))[0],
-           np.ravel(programs.learning_rate(restored.epoch))[0]]
-  if rates[0] == rates[1] or restored.epoch >= config.num_epochs:
+  saved, plan = config_from_flat(restored.config), run.plan
+  # The saved config's own schedule (only num_epochs may differ: its members are the plan's).
+  schedule = recipe_of(saved, plan.members, plan.steps_per_epoch).schedule
+  # The restored epoch's last update (metrics'), of members that set their own the first one's.
+  rates = [np.ravel(schedule(restored.epoch * plan.steps_per_epoch - 1))[0],
+           np.ravel(run.programs.learning_rate(restored.epoch))[0]]
+  if rates[0] == rates[1] or restored.epoch >= plan.num_epochs:
     return ''
-  return (f'; num_epochs {saved.num_epochs} -> {config.num_epochs} stretches the learning-rate '
+  return (f'; num_epochs {saved.num_epochs} -> {plan.num_epochs} stretches the learning-rate '
           f'schedule: epoch {restored.epoch} ended at a rate of {rates[0]:.3g}, which the new '
           f'schedule puts at {rates[1]:.3g}, and training goes on from there')

@@ -1,64 +1,20 @@
-"""A config's programs on its devices, compiled once: the device mesh, the recipe as mlp/ takes it,
-the keys, and each pass (mlp/passes.py) compiled over the mesh by jit, shard_map or pmap, over data
-resident there."""
+"""A plan's programs, compiled once: each pass (mlp/passes.py) compiled over the plan's mesh by
+jit, shard_map or pmap, over data resident there; the state they start from and restore into."""
 
 import dataclasses
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
-import jax.numpy as jnp
-import ml_collections
 import numpy as np
-import optax
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples
-from errors import ConfigError, During
-from mlp import augment, batches, optim, passes, randomness, steps
-from mlp.model import MLP
-from trainer import sweeps
-
-AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
-
-
-def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_count: int) -> str:
-  """'jit', 'mesh' or 'pmap' for the config on this many devices and processes, or a UserError."""
-  wanted, mode = config.num_devices, config.parallel
-  if wanted and wanted != device_count:
-    raise ConfigError('num_devices', f'must match the {device_count} '
-                      f'device{"s" if device_count > 1 else ""} present', wanted, '0')
-  if mode == 'auto':
-    mode = 'mesh' if device_count > 1 else 'jit'
-  if mode in ('jit', 'pmap') and process_count > 1:
-    raise ConfigError('parallel', f'must be mesh (or auto) in a run of {process_count} processes'
-                      f'{" (pmap runs in one)" if mode == "pmap" else ""}', mode, 'mesh')
-  if mode == 'jit' and wanted > 1:
-    raise ConfigError('parallel', 'must be mesh or pmap (or auto) to train on '
-                      f'num_devices={wanted}', mode, 'mesh')
-  if mode != 'jit':
-    for name in ('batch_size', 'eval_batch_size'):
-      if config[name] % device_count:
-        multiple = -(-config[name] // device_count) * device_count
-        raise ConfigError(name, f'must divide evenly over {device_count} devices', config[name],
-                          str(multiple))
-  return mode
-
-
-def mode_and_mesh(config: ml_collections.ConfigDict) -> tuple[str, Mesh]:
-  """The config's mode ('jit', 'mesh' or 'pmap') and mesh here; a UserError when the config and the
-  devices disagree."""
-  mode = choose_mode(config, jax.device_count(), jax.process_count())
-  return mode, make_mesh(mode)
-
-
-def make_mesh(mode: str) -> Mesh:
-  """The `data` axis over every device of every process; one device for jit."""
-  devices = jax.devices()[:1] if mode == 'jit' else jax.devices()
-  # Auto axes, as Mesh's own default: the epochs are written for them, not for explicit sharding.
-  return jax.make_mesh((len(devices),), (AXIS,), (AxisType.Auto,), devices=devices)
+from errors import During
+from mlp import optim, passes, steps
+from trainer.plan import AXIS, Plan, Recipe
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -76,8 +32,9 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   return jax.tree.map(to_mesh, tree)
 
 
-def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: bool) -> Callable:
-  """The per-device function as one compiled program for the whole mesh: replicated in and out."""
+def _compile(per_device: Callable, plan: Plan, args: tuple, donate: bool) -> Callable:
+  """The per-device function as one compiled program for the plan's mesh: replicated in and out."""
+  mode, mesh = plan.mode, plan.mesh
   donated = (0,) if donate else ()
   if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
     mapped = jax.pmap(lambda _, first, rest: per_device(first, *rest), AXIS,
@@ -95,42 +52,6 @@ def _compile(per_device: Callable, mesh: Mesh, mode: str, args: tuple, donate: b
   return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
 
 
-def epoch_spec(config: ml_collections.ConfigDict, axis: str | None) -> passes.EpochSpec:
-  """The one map from a config to how an epoch trains: its batches, augmentation and loss."""
-  return passes.EpochSpec(
-      config.batch_size, config.data.max_shift, augment.Distortion(**config.data.distort), axis,
-      sweeps.per_member(config, 'label_smoothing') or config.label_smoothing,
-      sweeps.per_member(config, 'model.dropout_rate'))
-
-
-class Recipe(NamedTuple):
-  """The config's recipe as the plain values mlp/ takes: mlp/ knows nothing of configs."""
-  model: Callable[..., MLP]  # Builds the model, given its nnx.Rngs.
-  schedule: optax.Schedule  # A sweep's of the learning rate: each member's rate, stacked.
-  optimizer: optax.GradientTransformation
-  # In a sweep of the optimizer's values: each member's (mlp/optim.py's INJECTED), by name.
-  injected: tuple[tuple[str, tuple[float, ...]], ...] = ()
-
-
-def recipe_of(config: ml_collections.ConfigDict, steps_per_epoch: int) -> Recipe:
-  """The one map from a config to the model, the learning-rate schedule and the optimizer."""
-  total = max(config.num_epochs * steps_per_epoch, 1)
-  warmup = min(int(round(config.warmup_epochs * steps_per_epoch)), total - 1)
-  model = functools.partial(MLP, tuple(config.model.hidden_sizes),
-                            dropout_rate=config.model.dropout_rate, dtype=config.dtype)
-  if not set(optim.INJECTED) & set(sweeps.swept(config)):
-    schedule = optim.learning_rate_schedule(config.learning_rate, config.schedule, warmup, total)
-    return Recipe(model, schedule, optim.make_optimizer(config.optimizer, schedule,
-                                                          config.weight_decay, config.momentum))
-  unit = optim.learning_rate_schedule(1.0, config.schedule, warmup, total)
-  members = sweeps.members(config)
-  injected = tuple((name, tuple(float(sweeps.value_of(config, member, name))
-                                for member in members)) for name in optim.INJECTED)
-  peaks = jnp.asarray(dict(injected)['learning_rate'], jnp.float32)
-  return Recipe(model, lambda count: peaks * unit(count),
-                optim.make_injected_optimizer(config.optimizer, unit, config.momentum), injected)
-
-
 def create_state(recipe: Recipe, key: jax.Array) -> steps.TrainState:
   """Step 0 of the recipe: the model initialized from `key`, and its optimizer's state; from keys
   stacked [M], M members' states stacked."""
@@ -144,26 +65,14 @@ def create_state(recipe: Recipe, key: jax.Array) -> steps.TrainState:
                                                                    dict(recipe.injected)))
 
 
-def keys_of(config: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array]:
-  """The run's init and run keys: its seed's, or, of members, each one's seed's, stacked."""
-  if not sweeps.stacked(config):
-    return randomness.run_keys(config.seed)
-  seeds = np.array([member.seed for member in sweeps.members(config)], np.uint32)
-  return randomness.member_keys(jnp.asarray(seeds))
-
-
-def member_count(config: ml_collections.ConfigDict) -> int:
-  """How many models a run stacks side by side: 0 for one model alone."""
-  return len(sweeps.members(config)) if sweeps.stacked(config) else 0
-
-
-def state_template(recipe: Recipe, mesh: Mesh, members: int = 0) -> steps.TrainState:
-  """The recipe's state (of `members` stacked, member_count's) as shapes, dtypes and replicated
-  sharding on the mesh, computed without creating it (jax.eval_shape): what a fresh state fills, a
-  checkpoint restores into and the programs compile for (their optimizer is the recipe's)."""
-  keys = jax.random.split(jax.random.key(0), members) if members else jax.random.key(0)
-  abstract = jax.eval_shape(functools.partial(create_state, recipe), keys)
-  sharding = NamedSharding(mesh, P())
+def state_template(plan: Plan) -> steps.TrainState:
+  """The plan's state (of its members stacked) as shapes, dtypes and replicated sharding on its
+  mesh, computed without creating it (jax.eval_shape): what a fresh state fills, a checkpoint
+  restores into and the programs compile for (their optimizer is the recipe's)."""
+  count = len(plan.members)
+  keys = jax.random.split(jax.random.key(0), count) if count else jax.random.key(0)
+  abstract = jax.eval_shape(functools.partial(create_state, plan.recipe), keys)
+  sharding = NamedSharding(plan.mesh, P())
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
 
@@ -181,28 +90,24 @@ def figures(sums: dict[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class Programs:
-  """A config's compiled passes on its devices, built once by `compile_programs`, global arrays in
-  and out, replicated; no state: an epoch consumes (donates) the state it starts from."""
-  mesh: Mesh
-  recipe: Recipe
-  init_key: jax.Array  # Initializes a fresh model (members: one key each, stacked).
+  """A plan's compiled passes, built once by `compile_programs`, global arrays in and out,
+  replicated; no state: an epoch consumes (donates) the state it starts from."""
+  plan: Plan
   run_key: jax.Array  # On the mesh: drives every epoch's order, dropout and shifts (each member's).
   train_data: passes.Data | None  # None when only evaluating.
   eval_data: passes.Data
-  steps_per_epoch: int  # Training steps per epoch; 0 when only evaluating.
   template: steps.TrainState  # The state's shapes, dtypes and sharding: what restores into.
   train_program: Callable[..., tuple[Any, Any]] | None  # (state, data, run_key, epoch) -> ...
   eval_program: Callable[..., Any]  # (state, data) -> sums
-  placement: str  # For the log: how and where the epochs run.
   compile_seconds: float
 
   @During('training')  # The parameters and optimizer state of every member.
   def fresh_state(self) -> steps.TrainState:
     """Step 0 of the run, on the mesh."""
     # One compiled program, its result born replicated on the mesh (eager init takes seconds).
-    create = jax.jit(functools.partial(create_state, self.recipe),
-                     out_shardings=NamedSharding(self.mesh, P()))
-    return create(self.init_key)
+    create = jax.jit(functools.partial(create_state, self.plan.recipe),
+                     out_shardings=NamedSharding(self.plan.mesh, P()))
+    return create(self.plan.keys[0])
 
   @During('training')
   def train_epoch(self, state: steps.TrainState,
@@ -211,7 +116,7 @@ class Programs:
     members, their means and each one's: `figures`)."""
     assert self.train_program is not None and self.train_data is not None, 'built to evaluate'
     with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
-      number_on_mesh = replicate(np.int32(number), self.mesh)
+      number_on_mesh = replicate(np.int32(number), self.plan.mesh)
     state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
     return state, figures(jax.device_get(sums))
 
@@ -228,61 +133,29 @@ class Programs:
 
   def learning_rate(self, epoch: int) -> float | list[float]:
     """The rate of the epoch's last update, whose optimizer count was the number of updates
-    before; in a sweep of it, each member's."""
-    return np.asarray(self.recipe.schedule(epoch * self.steps_per_epoch - 1)).tolist()
+    before; of members that set their own, each member's."""
+    return np.asarray(self.plan.recipe.schedule(epoch * self.plan.steps_per_epoch - 1)).tolist()
 
 
-def compile_programs(config: ml_collections.ConfigDict, train: Examples | None,
-                     eval_examples: Examples, where: tuple[str, Mesh] | None = None) -> Programs:
-  """The config's passes on its devices (`where`: its mode and mesh, if known): keys, data on the
-  mesh, the programs compiled ahead (so that epochs time training alone); without `train`, the
-  evaluation alone."""
-  start = time.perf_counter()
-  mode, mesh = where or mode_and_mesh(config)
-  steps_per_epoch = batches.whole_batches(len(train), config.batch_size) if train is not None else 0
-  recipe, (init_key, run_key) = recipe_of(config, steps_per_epoch or 1), keys_of(config)
-  run_key, template = replicate(run_key, mesh), state_template(recipe, mesh,
-                                                               member_count(config))
+def compile_programs(plan: Plan, train: Examples | None, eval_examples: Examples) -> Programs:
+  """The plan's passes: data on the mesh, the programs compiled ahead (so that epochs time training
+  alone); without `train`, the evaluation alone."""
+  start, mesh = time.perf_counter(), plan.mesh
+  run_key, template = replicate(plan.keys[1], mesh), state_template(plan)
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
   train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(eval_examples)
-  axis = None if mode == 'jit' else AXIS
-  members = sweeps.stacked(config)  # Members side by side, or one model.
-  with jax.default_matmul_precision(config.matmul_precision):  # Fixed when the programs compile.
+  with jax.default_matmul_precision(plan.precision):  # Fixed when the programs compile.
     train_program = None
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
       with During('training'):  # A GPU's compiler tries kernels in device memory.
         train_program = _compile(functools.partial(
-            passes.train_members if members else passes.train_epoch,
-            spec=epoch_spec(config, axis)), mesh, mode, (template, train_data, run_key, number),
-                                 donate=True)
+            passes.train_members if plan.members else passes.train_epoch, spec=plan.spec),
+                                 plan, (template, train_data, run_key, number), donate=True)
     with During('evaluating'):
       eval_program = _compile(functools.partial(
-          passes.evaluate_members if members else passes.evaluate,
-          batch_size=config.eval_batch_size, axis_name=axis), mesh, mode, (template, eval_data),
-                              donate=False)
-  return Programs(mesh, recipe, init_key, run_key, train_data,
-                  eval_data, steps_per_epoch, template, train_program, eval_program,
-                  _placement(config, mode, mesh), time.perf_counter() - start)
-
-
-def _members_said(config: ml_collections.ConfigDict) -> str:
-  """Which members: their seeds, and in a sweep its fields' values."""
-  seeds = (f'seeds {config.seed} to {config.seed + config.num_models - 1}'
-           if config.num_models > 1 else f'seed {config.seed}')
-  fields = sweeps.swept(config)
-  said = '; '.join(f'{name} {", ".join(f"{value:g}" for value in values)}'
-                   for name, values in fields.items())
-  return f'{said}; each with {seeds}' if fields else seeds
-
-
-def _placement(config: ml_collections.ConfigDict, mode: str, mesh: Mesh) -> str:
-  """How and where the epochs run, for the log."""
-  across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
-  per_device = f', {config.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
-  members = '' if not sweeps.stacked(config) else (
-      f'; {len(sweeps.members(config))} models side by side ({_members_said(config)})')
-  return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
-          f'{across}{per_device}{members}')
-
-
+          passes.evaluate_members if plan.members else passes.evaluate,
+          batch_size=plan.eval_batch_size, axis_name=plan.spec.axis_name), plan,
+                              (template, eval_data), donate=False)
+  return Programs(plan, run_key, train_data, eval_data, template, train_program, eval_program,
+                  time.perf_counter() - start)

@@ -8,10 +8,9 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 from PIL import Image
 # TensorBoard's own event protos and TFRecord framing (length, masked CRC32C): they import neither
@@ -21,12 +20,12 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.summary.writer.record_writer import RecordWriter
 
 from data.splits import parse_split
-from trainer import pictures, sweeps
+from trainer import pictures
 from trainer.host import Host, this_command
+from trainer.members import command_of, label
+from trainer.plan import Plan
+from trainer.programs import Programs
 from trainer.run_dir import RunDirectory
-
-if TYPE_CHECKING:
-  from trainer.run import Run
 
 METRICS_FILE = 'metrics.jsonl'
 # TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.
@@ -62,7 +61,7 @@ def members_part(record: dict[str, Any], split: str = 'eval') -> str:
   each = record.get(f'{split}_accuracy_by_member')
   if not each:
     return ''
-  best = f'; best {sweeps.label(best_member(record))}' if 'members' in record else ''
+  best = f'; best {label(best_member(record))}' if 'members' in record else ''
   return (f' (mean of {len(each)} models, {100 * min(each):.2f}-{100 * max(each):.2f}%{best}; '
           f'ensemble {100 * record[f"{split}_ensemble_accuracy"]:.2f}%)')
 
@@ -83,7 +82,7 @@ def members_table(record: dict[str, Any], split: str) -> list[str]:
   each = record['eval_accuracy_by_member']
   return [f'members by eval accuracy on {split}, epoch {record["epoch"]}:', *(
       f'  {100 * each[k]:6.2f}%  eval loss {record["eval_loss_by_member"][k]:.4f}  member {k}: '
-      f'{sweeps.label(record["members"][k])}' for k in ranked(record))]
+      f'{label(record["members"][k])}' for k in ranked(record))]
 
 
 def members_summary(record: dict[str, Any], seed: int) -> str:
@@ -109,7 +108,7 @@ def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
   """A record's TensorBoard scalars by tag; a list of members' figures, one per member, tagged by
   its values in a sweep (`/learning_rate=0.002 seed=0`), else by its place (`/0`...)."""
   tagged: list[tuple[str, float]] = []
-  members = [sweeps.label(m) for m in record.get('members', [])]
+  members = [label(m) for m in record.get('members', [])]
   for name, value in record.items():
     tag = TAGS.get(name, name.replace('_', '/', 1))
     if isinstance(value, list) and name != 'members':
@@ -184,12 +183,11 @@ class Reporter:
   the same records, so there is one set of files and one log.
   """
 
-  def __init__(self, run_dir: RunDirectory, config: ml_collections.ConfigDict, host: Host):
-    self._run_dir, self._num_epochs, self._host = run_dir, config.num_epochs, host
-    self._split, self._writes = config.data.eval_split, host.primary
-    # A sweep's members, as each record names them (a run of seeds alone needs no names).
-    self._members = ([member.as_dict() for member in sweeps.members(config)]
-                     if sweeps.swept(config) else None)
+  def __init__(self, run_dir: RunDirectory, plan: Plan, host: Host):
+    self._run_dir, self._num_epochs, self._host = run_dir, plan.num_epochs, host
+    self._split, self._writes, self._seed = plan.data.eval_split, host.primary, plan.seed
+    # Members that vary fields, as each record names them (a run of seeds alone needs no names).
+    self._members = [member.as_dict() for member in plan.members] if plan.varied else None
     self._records: list[dict] = []
     self._seconds: list[float] = []
     self._events: _EventsFile | None = None
@@ -293,13 +291,13 @@ class Reporter:
     if 'members' in record:
       self.sweep_table(record)
 
-  def finished(self, record: dict[str, Any], save_pauses: list[float], seed: int) -> None:
-    """The end of a run: its members' summary (their seeds from `seed`), or a sweep's table, where
-    the last checkpoint is, and how long saves held training up."""
+  def finished(self, record: dict[str, Any], save_pauses: list[float]) -> None:
+    """The end of a run: its members' summary, or a sweep's table, where the last checkpoint is,
+    and how long saves held training up."""
     if 'members' in record:
       self.sweep_table(record)
     elif 'eval_accuracy_by_member' in record:
-      self.log(members_summary(record, seed))
+      self.log(members_summary(record, self._seed))
     pauses = sorted(save_pauses)
     self.log(f'saved the checkpoint of epoch {self._num_epochs} in {self._run_dir} (training '
              f'paused a median {1000 * pauses[len(pauses) // 2]:.0f} ms per save; orbax writes in '
@@ -313,20 +311,41 @@ class Reporter:
       self.log(line)
     best = ranked(record)[0]
     member = record['members'][best]
-    self.log(f'best: member {best}, {sweeps.label(member)}; trains alone with: '
-             f'{sweeps.command_of(member, this_command(), f"{self._run_dir}-member{best}")}')
+    self.log(f'best: member {best}, {label(member)}; trains alone with: '
+             f'{command_of(member, this_command(), f"{self._run_dir}-member{best}")}')
     if parse_split(self._split).name == 'test':
       self._host.warn(f'the members were scored on the test set ({self._split}): a recipe chosen '
                       'there has no honest test score; choose on the validation split '
                       '(--config=FILE:validation), then score the chosen recipe on test')
 
 
-def start_line(run: 'Run') -> str:
+def start_line(programs: Programs, eval_count: int) -> str:
   """What trains, where and how."""
-  config, programs = run.config, run.programs
+  plan = programs.plan
   assert programs.train_data is not None, 'a training run'
-  return (f'training on {len(programs.train_data[1]):,} images ({config.data.train_split}), '
-          f'evaluating on {len(run.eval):,} ({config.data.eval_split}); '
-          f'{programs.steps_per_epoch} steps of {config.batch_size} per epoch in {config.dtype}, '
-          f'matmul precision {config.matmul_precision}, {programs.placement}; '
+  return (f'training on {len(programs.train_data[1]):,} images ({plan.data.train_split}), '
+          f'evaluating on {eval_count:,} ({plan.data.eval_split}); '
+          f'{plan.steps_per_epoch} steps of {plan.spec.batch_size} per epoch in {plan.dtype}, '
+          f'matmul precision {plan.precision}, {placement(plan)}; '
           f'compiled in {programs.compile_seconds:.1f}s')
+
+
+def _members_said(plan: Plan) -> str:
+  """Which members: their seeds, and the values of the fields they vary."""
+  seeds = sorted({member.seed for member in plan.members})
+  seeds_said = f'seeds {seeds[0]} to {seeds[-1]}' if len(seeds) > 1 else f'seed {seeds[0]}'
+  said = '; '.join(f'{name} {", ".join(f"{value:g}" for value in values)}' for name, values in (
+      (name, dict.fromkeys(member.values[name] for member in plan.members))
+      for name in plan.varied))
+  return f'{said}; each with {seeds_said}' if plan.varied else seeds_said
+
+
+def placement(plan: Plan) -> str:
+  """How and where the epochs run, for the log."""
+  mode, mesh = plan.mode, plan.mesh
+  across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
+  per_device = f', {plan.spec.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
+  members = (f'; {len(plan.members)} models side by side ({_members_said(plan)})'
+             if plan.members else '')
+  return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
+          f'{across}{per_device}{members}')

@@ -1,20 +1,18 @@
-"""What a run is, built once: by `open_run` to train or evaluate it (its config and directory, its
-compiled programs, and the objects that write its outputs: the lock, the reporter, the
-checkpoints), by `open_saved` to classify with it (its checkpoints, read on one device). Every
+"""What a run is, built once from its plan: by `open_run` to train or evaluate it (its plan and
+directory, its compiled programs, and the objects that write its outputs: the lock, the reporter,
+the checkpoints), by `open_saved` to classify with it (its checkpoints, read on one device). Every
 restore goes through Saved.restore()."""
 
 import contextlib
 import dataclasses
 from collections.abc import Iterator
 
-import ml_collections
-
 from data.mnist import Examples, load_splits
 from mlp import steps
 from trainer.checkpoints import Checkpoints, Restored, refuse_other_numbers
 from trainer.host import Host
-from trainer.programs import (Programs, compile_programs, keys_of, make_mesh, member_count,
-                              mode_and_mesh, recipe_of, state_template)
+from trainer.plan import Plan
+from trainer.programs import Programs, compile_programs, state_template
 from trainer.reporting import Reporter
 from trainer.run_dir import RunDirectory
 from trainer.run_lock import RunLock
@@ -23,7 +21,7 @@ from trainer.run_lock import RunLock
 @dataclasses.dataclass(frozen=True)
 class Saved:
   """A run's checkpoints and the state they restore into: what every use of a run reads."""
-  config: ml_collections.ConfigDict
+  plan: Plan
   run_dir: RunDirectory
   host: Host
   template: steps.TrainState  # The state's shapes, dtypes and sharding: what restores into.
@@ -45,36 +43,33 @@ class Run(Saved):
 
 
 @contextlib.contextmanager
-def open_saved(config: ml_collections.ConfigDict, run_dir: RunDirectory,
-               host: Host) -> Iterator[Saved]:
-  """A run's checkpoints, read on one device whatever the run trained on (predict.py, export.py)."""
+def open_saved(plan: Plan, run_dir: RunDirectory, host: Host) -> Iterator[Saved]:
+  """A run's checkpoints, read on the plan's one device whatever the run trained on (predict.py,
+  export.py)."""
   run_dir.check_usable()
-  template = state_template(recipe_of(config, 1), make_mesh('jit'), member_count(config))
-  with Checkpoints(run_dir, config, keys_of(config)[1], host, read_only=True) as checkpoints:
-    yield Saved(config, run_dir, host, template, checkpoints)
+  with Checkpoints(run_dir, plan, host, read_only=True) as checkpoints:
+    yield Saved(plan, run_dir, host, state_template(plan), checkpoints)
 
 
-def _examples(config: ml_collections.ConfigDict,
-              evaluate_only: bool) -> tuple[Examples | None, Examples]:
+def _examples(plan: Plan, evaluate_only: bool) -> tuple[Examples | None, Examples]:
   """The training split (None when only evaluating) and the eval split."""
   if evaluate_only:
-    return None, load_splits(config.data, config.data.eval_split)[0]
-  train, eval_examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
+    return None, load_splits(plan.data, plan.data.eval_split)[0]
+  train, eval_examples = load_splits(plan.data, plan.data.train_split, plan.data.eval_split)
   return train, eval_examples
 
 
 @contextlib.contextmanager
-def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
+def open_run(plan: Plan, run_dir: RunDirectory, host: Host,
              evaluate_only: bool = False) -> Iterator[Run]:
   """The one place a run is built; on exit every save is complete and the lock released."""
-  where = mode_and_mesh(config)  # Checks the devices against the config before any work.
   # On a bucket the first touch stays make()'s: the client of the lock words a refusal (no
   # credentials, no permission, no network) in one line, where gcsfs would log its retries.
   if not (evaluate_only or run_dir.remote):
     run_dir.check_usable()  # A folder this user may not list is said before its checkpoints.
-    refuse_other_numbers(run_dir, config)
-  train, eval_examples = _examples(config, evaluate_only)
-  reporter = Reporter(run_dir, config, host)
+    refuse_other_numbers(run_dir, plan.saved)
+  train, eval_examples = _examples(plan, evaluate_only)
+  reporter = Reporter(run_dir, plan, host)
   if host.primary:
     run_dir.make()  # Before the lock, whose file is in it.
   with contextlib.ExitStack() as stack:
@@ -82,8 +77,7 @@ def open_run(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Hos
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
       lock = stack.enter_context(RunLock(run_dir, host))
       host.check_shared_directory(run_dir)
-    programs = compile_programs(config, train, eval_examples, where)
-    checkpoints = stack.enter_context(Checkpoints(run_dir, config, programs.run_key, host,
-                                                  read_only=evaluate_only))
-    yield Run(config, run_dir, host, programs.template, checkpoints, programs, eval_examples,
+    programs = compile_programs(plan, train, eval_examples)
+    checkpoints = stack.enter_context(Checkpoints(run_dir, plan, host, read_only=evaluate_only))
+    yield Run(plan, run_dir, host, programs.template, checkpoints, programs, eval_examples,
               reporter, lock)
