@@ -1160,7 +1160,7 @@ def test_a_checkpoint_from_before_a_field_names_the_value_it_trained_with(small_
   run = evaluation.evaluate_checkpoint if eval_only else loop.train_and_evaluate
   with pytest.raises(UserError, match=r'was saved with num_models=1, but this run has '
                                       r'num_models=3; rerun with the checkpoint'):
-    run(config, RunDirectory(workdir))
+    run(resolve(config), RunDirectory(workdir))
 
 
 @pytest.mark.slow

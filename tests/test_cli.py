@@ -411,7 +411,7 @@ def test_a_run_directory_that_is_a_file_is_one_line(tmp_path, mnist_dir):
   for use in (loop.train_and_evaluate, evaluation.evaluate_checkpoint):  # Training, eval_only.
     with pytest.raises(UserError, match=f'^the run directory {tmp_path / "run"} is a file; pass a '
                        '--workdir that names a folder$'):
-      use(make_config(num_epochs=1), RunDirectory(tmp_path / 'run'))
+      use(resolve(make_config(num_epochs=1)), RunDirectory(tmp_path / 'run'))
   assert (tmp_path / 'run').read_text() == 'keep me'
 
 

@@ -65,15 +65,15 @@ def test_each_member_trains_as_a_separate_run_of_its_seed(members_run, k, tmp_pa
 
 def test_the_ensemble_is_the_members_mean_probabilities(members_run):
   workdir = members_run[0]
-  config, restored = evaluation.restore_run(RunDirectory(workdir))
+  plan, restored = evaluation.restore_run(RunDirectory(workdir))
   assert restored.state.step.shape == (MEMBERS,)  # Every member saved, each with its step.
-  examples = load_split(config.data, config.data.eval_split)
+  examples = load_split(plan.data, plan.data.eval_split)
   each = [jax.nn.softmax(evaluation.predict_logits(jax.tree.map(lambda x, k=k: x[k],
                                                                 restored.state),
-                                                   examples.images, config), axis=1)
+                                                   examples.images, plan), axis=1)
           for k in range(MEMBERS)]
   mean = np.mean(each, axis=0)
-  served = evaluation.probabilities(config, restored, examples.images)  # What predict.py shows.
+  served = evaluation.probabilities(plan, restored, examples.images)  # What predict.py shows.
   np.testing.assert_allclose(served, mean, atol=1e-6)
   right = int(np.sum(mean.argmax(axis=1) == examples.labels))
   recorded = read_metrics(workdir)[-1]['eval_ensemble_accuracy']
@@ -150,10 +150,10 @@ def test_export_and_predict_serve_the_ensemble_and_say_so(members_run, tmp_path)
   assert 'ensemble of 3 models (mean probabilities)' in exported.stderr.strip().splitlines()[-1]
   assert json.loads((out / 'export.json').read_text())['models'] == MEMBERS
   program = jax.export.deserialize(bytearray((out / 'model.jax_export').read_bytes()))
-  config, restored = evaluation.restore_run(RunDirectory(workdir))
-  images = load_split(config.data, 'test[:37]').images
+  plan, restored = evaluation.restore_run(RunDirectory(workdir))
+  images = load_split(plan.data, 'test[:37]').images
   np.testing.assert_allclose(program.call(images.reshape(-1, 28, 28)),
-                             evaluation.probabilities(config, restored, images), atol=1e-5)
+                             evaluation.probabilities(plan, restored, images), atol=1e-5)
   predicted = run_train(f'--workdir={workdir}', str(ROOT / 'docs' / 'digits' / 'typed-3.png'),
                         script='predict.py')
   assert predicted.returncode == 0, predicted.stderr

@@ -98,7 +98,8 @@ def test_a_device_out_of_memory_as_predict_classifies_names_a_fix_it_has(monkeyp
 
   monkeypatch.setattr(evaluation, '_predict', out_of_memory)
   monkeypatch.setattr(jax, 'default_backend', lambda: backend)
-  assert line_of(lambda: evaluation.probabilities(make_config(), types.SimpleNamespace(state=None),
+  plan = resolve(make_config(), one_device=True)
+  assert line_of(lambda: evaluation.probabilities(plan, types.SimpleNamespace(state=None),
                                                   np.zeros((3, 784), np.uint8))) == said
 
 
@@ -136,10 +137,10 @@ def test_a_thread_the_machine_will_not_start_as_a_run_is_read_is_one_line(quick_
 @pytest.mark.slow
 def test_eval_images_saved_as_png_get_the_trainers_own_predictions(quick_run, predicted):
   workdir, _ = quick_run
-  config, restored = evaluation.restore_run(RunDirectory(workdir))
+  plan, restored = evaluation.restore_run(RunDirectory(workdir))
   _, examples = run_config(workdir)
   # The trainer's forward pass on its own eval arrays, as its pictures and evaluation use it.
-  trainer = evaluation.probabilities(config, restored, examples.images).argmax(axis=1)
+  trainer = evaluation.probabilities(plan, restored, examples.images).argmax(axis=1)
   assert np.array_equal(digits(predicted, 'png', SAME_COUNT), trainer[:SAME_COUNT])
   # ...which is its evaluation: the same count right as the run's last recorded epoch.
   final = read_metrics(workdir)[-1]
