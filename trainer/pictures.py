@@ -102,8 +102,8 @@ def mistakes_figure(images: np.ndarray, labels: np.ndarray, predicted: np.ndarra
                    f'{shown}; each labelled "true digit as predicted digit"')
   if not wrong.size:
     return figure
-  rows, tile_w, tile_h, inset = -(-min(len(wrong), MAX_MISTAKES) // COLUMNS), *[
-      n // ZOOM for n in (TILE_W, TILE_H, PAD)]
+  tile_w, tile_h, inset = TILE_W // ZOOM, TILE_H // ZOOM, PAD // ZOOM  # In the images' pixels.
+  rows = -(-min(len(wrong), MAX_MISTAKES) // COLUMNS)
   mosaic = np.full((rows * tile_h, COLUMNS * tile_w), 255, np.uint8)
   axes = _axes(figure, (PAD, HEADER, COLUMNS * TILE_W, rows * TILE_H))
   for slot, index in enumerate(wrong[:MAX_MISTAKES]):
@@ -142,10 +142,9 @@ def confusion_figure(matrix: np.ndarray, title: str) -> 'Figure':
   for (row, col), count in np.ndenumerate(matrix):
     ink = 'white' if shares[row, col] > 0.7 else 'black' if count else '#bebebe'
     axes.text(col, row, str(count), ha='center', va='center', color=ink)
-  axes.set_xticks(range(10), labels=[str(d) for d in range(10)])
-  axes.set_yticks(range(10), labels=[str(d) for d in range(10)])
-  axes.set_xticks(np.arange(-0.5, 10), minor=True)
-  axes.set_yticks(np.arange(-0.5, 10), minor=True)
+  for axis in (axes.xaxis, axes.yaxis):  # The digits, and lines between the cells.
+    axis.set_ticks(range(10))
+    axis.set_ticks(np.arange(-0.5, 10), minor=True)
   axes.grid(which='minor', color='#dcdcdc')
   axes.tick_params(which='both', length=0, top=True, labeltop=True, bottom=False,
                    labelbottom=False, labelsize=12)
@@ -227,7 +226,7 @@ def _legend_columns(recipes: list[Recipe]) -> int:
   """As many columns of the widest entry as fit across under the plots."""
   from matplotlib.font_manager import FontProperties  # pylint: disable=g-import-not-at-top
   from matplotlib.textpath import text_to_path  # pylint: disable=g-import-not-at-top
-  font = FontProperties(size=10)
+  font = FontProperties(family='DejaVu Sans', size=10)  # The legend's.
   widest = max(text_to_path.get_text_width_height_descent(r.label, font, ismath=False)[0]
                for r in recipes) * DPI / 72
   return max(1, int((CURVES_WIDTH - 60) // (widest + 70)))
@@ -275,8 +274,7 @@ def _curves_plots(figure: 'Figure', records: list[dict[str, Any]],
     axes.set_title(name)
     axes.set_xlabel('epoch')
     axes.set_xlim(1 - inset, epochs + inset)
-    axes.xaxis.set_major_locator(MaxNLocator(nbins=6, steps=[1, 2, 5, 10], integer=True,
-                                                       min_n_ticks=1))
+    axes.xaxis.set_major_locator(MaxNLocator(6, steps=[1, 2, 5, 10], integer=True, min_n_ticks=1))
     axes.grid(color='#e8e8e8')
     axes.set_axisbelow(True)
 
