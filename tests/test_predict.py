@@ -230,7 +230,7 @@ def test_the_mistakes_picture_shows_each_wrong_image_labelled_true_as_predicted(
   tiles = np.asarray(mosaic.get_array())
   for text, index in zip(axes.texts, (1, 4)):  # Each wrong image as it is, its label under it.
     x, y = text.get_position()
-    left, top = round(x - 13.5), round(y - 28)
+    left, top = round(x - 13.5), round(y - 28.5)
     assert np.array_equal(tiles[top:top + 28, left:left + 28], images[index].reshape(28, 28))
     assert np.array_equal(at(pixels, axes, left + 3, top + 5), [images[index][5 * 28 + 3]] * 3)
   many = np.zeros(150, np.int64)

@@ -109,7 +109,7 @@ def mistakes_figure(images: np.ndarray, labels: np.ndarray, predicted: np.ndarra
   for slot, index in enumerate(wrong[:MAX_MISTAKES]):
     top, left = (slot // COLUMNS) * tile_h + inset, (slot % COLUMNS) * tile_w + inset
     mosaic[top:top + 28, left:left + 28] = images[index].reshape(28, 28)
-    axes.text(left + 13.5, top + 28, f'{labels[index]} as {predicted[index]}', ha='center',
+    axes.text(left + 13.5, top + 28.5, f'{labels[index]} as {predicted[index]}', ha='center',
               va='top')
   axes.imshow(mosaic, cmap='gray', vmin=0, vmax=255, interpolation='nearest', aspect='auto')
   axes.set_axis_off()
@@ -257,7 +257,7 @@ def _plot(axes: 'Axes', seeds: np.ndarray, colour: str) -> None:
                       linewidth=0)
     axes.vlines(epochs[lone], lows[lone], highs[lone], color=colour, alpha=BAND_ALPHA,
                 linewidth=6)
-  axes.plot(epochs, means, color=colour, linewidth=2, marker='o', markersize=4,
+  axes.plot(epochs, means, color=colour, linewidth=1.5, marker='o', markersize=4,
             markevery=lone | (len(epochs) <= MARKERS_UP_TO))
 
 
@@ -294,7 +294,7 @@ def curves_figure(records: list[dict[str, Any]], title: str) -> 'Figure':
                    f'{"s" if len(records) != 1 else ""}; {who}')
   _curves_plots(figure, records, recipes)
   banded = bool(notes) and notes[0].startswith('band')
-  lines = [Line2D([], [], color=r.colour, linewidth=2) for r in recipes]
+  lines = [Line2D([], [], color=r.colour, linewidth=1.5) for r in recipes]
   handles: list[Any] = [(Patch(color=r.colour, alpha=BAND_ALPHA), line)  # The line over its band.
                         if banded and len(r.members) > 1 else line
                         for r, line in zip(recipes, lines)]
