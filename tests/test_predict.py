@@ -211,6 +211,65 @@ def test_the_confusion_matrix_counts_each_example_once_by_true_and_predicted_dig
       '0 50.0%  1 100.0%  2 66.7%  3 n/a  4 n/a  5 n/a  6 n/a  7 n/a  8 n/a  9 n/a')
 
 
+def at(pixels: np.ndarray, axes, x: float, y: float) -> np.ndarray:
+  """The picture's RGB where a point of the axes' data lands."""
+  column, row = axes.transData.transform((x, y))
+  return pixels[int(len(pixels) - row), int(column)].astype(int)
+
+
+def test_the_mistakes_picture_shows_each_wrong_image_labelled_true_as_predicted():
+  images = np.arange(6 * 784).reshape(6, 784).astype(np.uint8)
+  labels, predicted = np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 1, 2, 0, 2])
+  figure = pictures.mistakes_figure(images, labels, predicted, 'mistakes on test')
+  pixels = pictures.render(figure)
+  assert pixels.shape == (*pictures.mistakes_size(2)[::-1], 3)
+  [title] = figure.texts
+  assert title.get_text() == (
+      'mistakes on test\n2 of 6 wrong; each labelled "true digit as predicted digit"')
+  [axes] = figure.axes
+  assert [t.get_text() for t in axes.texts] == ['0 as 1', '2 as 0']
+  [mosaic] = axes.get_images()
+  tiles = np.asarray(mosaic.get_array())
+  for text, index in zip(axes.texts, (1, 4)):  # Each wrong image as it is, its label under it.
+    x, y = text.get_position()
+    left, top = round(x - 13.5), round(y - 28.5)
+    assert np.array_equal(tiles[top:top + 28, left:left + 28], images[index].reshape(28, 28))
+    assert np.array_equal(at(pixels, axes, left + 3, top + 5), [images[index][5 * 28 + 3]] * 3)
+  many = np.zeros(150, np.int64)
+  figure = pictures.mistakes_figure(np.zeros((150, 784), np.uint8), many, many + 1, 'mistakes')
+  shown = figure.texts[0].get_text().splitlines()[1]
+  assert shown.startswith('150 of 150 wrong, the first 100 shown')
+  assert len(figure.axes[0].texts) == pictures.MAX_MISTAKES
+  assert pictures.draw_mistakes(images, labels, labels, 'none').shape == (
+      *pictures.mistakes_size(0)[::-1], 3)
+
+
+def test_the_confusion_picture_counts_right_in_blue_wrong_in_red_and_none_in_white():
+  labels, predicted = np.array([0, 0, 1, 2, 2, 2]), np.array([0, 1, 1, 2, 0, 2])
+  matrix = pictures.confusion_matrix(labels, predicted)
+  figure = pictures.confusion_figure(matrix, 'confusion matrix on test')
+  pixels = pictures.render(figure)
+  assert pixels.shape == (*pictures.CONFUSION_SIZE[::-1], 3)
+  assert figure.texts[0].get_text() == (
+      'confusion matrix on test\nrows: true digit, columns: predicted digit')
+  [axes] = figure.axes
+  counts = {tuple(map(round, t.get_position())): t.get_text() for t in axes.texts}
+  assert counts == {(col, row): str(matrix[row, col]) for row, col in np.ndindex(10, 10)}
+  assert [t.get_text() for t in axes.get_xticklabels()] == [str(d) for d in range(10)]
+  assert [t.get_text() for t in axes.get_yticklabels()] == [str(d) for d in range(10)]
+  for (row, col), count in np.ndenumerate(matrix):
+    red, _, blue = at(pixels, axes, col - 0.3, row - 0.3)  # Beside the count, in the cell.
+    if row == col and count:
+      assert blue > red + 40, (row, col)
+    elif count:
+      assert red > blue + 40, (row, col)
+    else:
+      assert red == blue == 255, (row, col)
+  shares = pictures.confusion_shares(matrix)  # Right: of the row; wrong: of the worst mistake.
+  np.testing.assert_allclose(np.diag(shares)[:3], np.sqrt([1 / 2, 1, 2 / 3]))
+  assert shares[0, 1] == shares[2, 0] == 1
+
+
 def flip_each_checkpoint(folder) -> None:
   """One flipped byte in every checkpoint's largest state file: each then fails its fingerprint, or
   (where the byte breaks a compressed chunk) no longer decodes; damage either way."""
