@@ -25,10 +25,10 @@ class Member:
     return {**self.values, 'seed': self.seed}
 
 
-def label(member: dict[str, Any]) -> str:
-  """A member (as_dict's) as a user reads it, and TensorBoard tags it: `learning_rate=0.002
-  seed=1`."""
-  return ' '.join(f'{name}={value:g}' for name, value in member.items())
+def label(member: dict[str, Any], separator: str = ' ') -> str:
+  """A member (as_dict's, or some of its values) as a user reads it, and TensorBoard tags it:
+  `learning_rate=0.002 seed=1`."""
+  return separator.join(f'{name}={value:g}' for name, value in member.items())
 
 
 def swept(config: ml_collections.ConfigDict) -> dict[str, tuple[float, ...]]:

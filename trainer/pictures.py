@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 
 import numpy as np
 
+from trainer.members import label
+
 if TYPE_CHECKING:
   from matplotlib.axes import Axes
   from matplotlib.figure import Figure
@@ -163,10 +165,6 @@ class Recipe(NamedTuple):
   colour: str
 
 
-def _value_text(value: Any) -> str:
-  return f'{value:g}' if isinstance(value, float) else str(value)
-
-
 def curve_recipes(records: list[dict[str, Any]]) -> list[Recipe]:
   """The run's models grouped by their values other than seed, in first-seen order, coloured."""
   values = next((r['members'] for r in records if 'members' in r), None)
@@ -176,13 +174,13 @@ def curve_recipes(records: list[dict[str, Any]]) -> list[Recipe]:
     values = [{'seed': k} for k in range(len(lists[0]))] if lists else [{}]
   groups: dict[str, list[int]] = {}
   for k, member in enumerate(values):
-    groups.setdefault(', '.join(f'{key}={_value_text(v)}' for key, v in member.items()
-                                if key != 'seed'), []).append(k)
+    recipe = {key: value for key, value in member.items() if key != 'seed'}
+    groups.setdefault(label(recipe, ', '), []).append(k)
   recipes = []
-  for index, (label, members) in enumerate(groups.items()):
-    if not label:
-      label = 'one model' if len(values) == 1 else f'{len(members)} seeds'
-    recipes.append(Recipe(label, members, PALETTE[index % len(PALETTE)]))
+  for index, (said, members) in enumerate(groups.items()):
+    if not said:
+      said = 'one model' if len(values) == 1 else f'{len(members)} seeds'
+    recipes.append(Recipe(said, members, PALETTE[index % len(PALETTE)]))
   return recipes
 
 
