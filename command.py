@@ -8,7 +8,7 @@ import sys
 from absl import flags
 
 from errors import During, UsageError
-from trainer.host import nowhere
+from trainer.host.boundary import nowhere
 
 HELP_FLAGS = frozenset({'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'})
 

@@ -4,7 +4,7 @@ import os
 import sys
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer import host as host_lib
+  from trainer.host import boundary as host_lib
   HOST = host_lib.start('stopped by {signal}; nothing was exported')
 
 # pylint: disable=wrong-import-position
@@ -13,7 +13,7 @@ from absl import flags
 from command import define_member_flag, parse_tool_flags
 from errors import UsageError, shown
 from serving.folder import FILES, MANIFEST, OutFolder
-from trainer.host import Host, say
+from trainer.host.boundary import Host, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -67,7 +67,7 @@ def main(argv: list[str], host: Host) -> None:
   from serving import artifacts
   artifacts.require_extras(formats)  # Before the checkpoint is read.
   from trainer import evaluation
-  from trainer.run_dir import RunDirectory
+  from trainer.host.run_dir import RunDirectory
   workdir = RunDirectory(given)
   config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   # From here a signal unwinds, so that the staged copy is removed and an export there stays.

@@ -6,7 +6,7 @@ import sys
 import warnings
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer import host as host_lib
+  from trainer.host import boundary as host_lib
   HOST = host_lib.start('stopped by {signal}; rerun the same command to classify the images')
 
 # pylint: disable=wrong-import-position
@@ -15,7 +15,7 @@ from absl import flags
 
 from command import define_member_flag, parse_tool_flags
 from errors import During, UsageError, UserError, shown
-from trainer.host import Host, say
+from trainer.host.boundary import Host, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -135,7 +135,7 @@ def main(argv: list[str], host: Host) -> None:
   os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
   # pylint: disable=g-import-not-at-top; after the flags and the images, which need none of it
   from trainer import evaluation
-  from trainer.run_dir import RunDirectory
+  from trainer.host.run_dir import RunDirectory
   workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
   config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)

@@ -3,7 +3,7 @@
 import os
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer import host as host_lib
+  from trainer.host import boundary as host_lib
   HOST = host_lib.start('stopped by {signal} while starting; nothing was written')
 
 # pylint: disable=wrong-import-position
@@ -13,7 +13,7 @@ from absl import flags
 from command import parse_or_help
 from errors import UsageError, shown
 from trainer.config_file import ConfigFileParser, pass_a_config
-from trainer.host import Host, Launch
+from trainer.host.boundary import Host, Launch
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None,
@@ -84,8 +84,9 @@ def main(argv: list[str], host: Host) -> None:
   host.interrupt_at_once()  # The run's from here on: a Ctrl-C ends it, its lock released.
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')
-  from trainer import backend, compile_cache, evaluation, loop
-  from trainer.run_dir import RunDirectory
+  from trainer import evaluation, loop
+  from trainer.host import backend, compile_cache
+  from trainer.host.run_dir import RunDirectory
   run_dir = RunDirectory(_WORKDIR.value or default_workdir(), _LOCK_STALE_AFTER.value)
   config_rules.validate(config)  # Before any computation, which JAX's joining must precede.
   host.join(Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,

@@ -21,7 +21,7 @@ from typing import Any
 from absl import flags
 
 from benchmarks.workload import parse_flags
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _JSON = flags.DEFINE_bool('json', False, 'The counts as one JSON object.')
 

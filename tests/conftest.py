@@ -35,8 +35,8 @@ import ml_collections  # pylint: disable=wrong-import-position
 import pytest
 
 from configs import default
-from trainer import faults
-from trainer.host import Host
+from trainer.host import faults
+from trainer.host.boundary import Host
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MNIST_DIR = ROOT / 'data' / 'mnist'  # The four MNIST files the project carries.

@@ -27,16 +27,16 @@ from etils import epath
 from mlp import randomness
 from trainer import checkpoints as checkpoint
 from trainer import config_fields, config_rules
-from trainer import run_dir as run_dir_module
+from trainer.host import run_dir as run_dir_module
 from trainer import evaluation, loop
 from trainer.programs import keys_of, member_count, mode_and_mesh, recipe_of, state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 import library_errors
 from errors import UserError
-from trainer.host import Host, Stopped
+from trainer.host.boundary import Host, Stopped
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import LOCK_FILE
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import LOCK_FILE
 from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (FREE_MEMORY, ROOT, Recorder, make_config, override_flags,
                             read_metrics, run_train, line_of, without_timings)

@@ -17,15 +17,16 @@ import pytest
 from flax import nnx
 
 from errors import ConfigError, UserError
-from trainer.host import say
+from trainer.host.boundary import say
 from library_errors import THREAD_REFUSED
 from mlp.model import MLP
 from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly, limit_address_space,
                             line_of, make_config, override_flags, read_metrics, run_train)
-from trainer import backend, config_fields, config_rules, faults
+from trainer import config_fields, config_rules
+from trainer.host import backend, faults
 from trainer import evaluation, loop
 from trainer.config_file import ConfigFileFailed, ConfigFileParser
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
 
@@ -590,7 +591,7 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
       num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
   child = (
       'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
-      'from trainer import host\n'
+      'from trainer.host import boundary as host\n'
       'said, print_error, save = threading.Event(), host.print_error, ocp.CheckpointManager.save\n'
       'def printed(line):  # Its line out, then train.py\'s exit.\n'
       '  print_error(line)\n  said.set()\n'

@@ -24,8 +24,8 @@ from tests.conftest import (MNIST_DIR, ROOT, TENSORFLOW_LOGS_AT_IMPORT, line_of,
 from tests.exports.write import WEIGHTS
 from tests.test_predict import flip_each_checkpoint
 from trainer import evaluation, loop
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import RunLock
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import RunLock
 
 HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Python 3.14 yet.
 HAS_ONNX = all(importlib.util.find_spec(name) for name in ('onnx', 'onnxruntime'))
@@ -432,7 +432,7 @@ def test_a_signal_while_writing_is_one_line_and_leaves_no_staged_copy(sent, said
 
 
 # export.py made to receive a SIGTERM as it reports an export already whole in --out.
-STOPPED_AFTER = signalled_in('export.py', 'trainer.host', 'say')
+STOPPED_AFTER = signalled_in('export.py', 'trainer.host.boundary', 'say')
 
 
 # export.py made to receive a SIGTERM as its files start to replace an older export in --out.

@@ -17,7 +17,7 @@ from tests.conftest import (EVAL_COUNT, ROOT, Recorder, assert_same_numbers, mak
 from trainer import evaluation, loop
 from trainer.checkpoints import Checkpoints
 from trainer.programs import keys_of, make_mesh, member_count, recipe_of, state_template
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 # Small and quick, with everything random on that a member must draw as its own seed's run would:
 # initialization, batch order, dropout, shifts and every distortion (configs/best.py's kinds, each

@@ -16,7 +16,7 @@ from benchmarks.numbers_spread import read_runs, seed_of
 from tests.conftest import ROOT, make_config, override_flags, read_metrics, run_train
 from tests.conftest import without_timings
 from trainer import loop
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 pytestmark = pytest.mark.numeric
 

@@ -21,7 +21,7 @@ from library_errors import THREAD_REFUSED
 from tests.conftest import ROOT, line_of, make_config, read_metrics, run_train, signalled_in
 from trainer import checkpoints, config_fields, evaluation, pictures
 from trainer.reporting import EVAL_FILE
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 SAME_COUNT, PHOTO_COUNT = 1000, 300  # Eval images saved as PNG files; of them, photographed.
 

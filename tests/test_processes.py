@@ -24,10 +24,10 @@ from tests.parallel_probe import SETTINGS
 from tests.test_cloud_storage import names, records
 from errors import UserError
 from library_errors import JAX_ABORT
-from trainer import processes
-from trainer.processes import relay
+from trainer.host import peers as processes
+from trainer.host.peers import relay
 from trainer.reporting import METRICS_FILE
-from trainer.run_lock import LOCK_FILE
+from trainer.host.run_lock import LOCK_FILE
 
 CONFIG = '--config=configs/default.py'
 

@@ -14,7 +14,7 @@ import pytest
 from data import tfds_source
 from data.mnist import Examples, load_split, load_splits
 from trainer import loop
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 from errors import UserError
 from tests.conftest import (TENSORFLOW_LOGS_AT_IMPORT, line_of, make_config, override_flags,
                             run_train)

@@ -16,11 +16,12 @@ from tensorboard.backend.event_processing import event_accumulator
 from data.mnist import load_split
 from trainer.programs import compile_programs, recipe_of
 from mlp import steps
-from trainer import loop, processes
-from trainer import run_dir as run_dir_module
-from trainer.host import Host
+from trainer import loop
+from trainer.host import peers as processes
+from trainer.host import run_dir as run_dir_module
+from trainer.host.boundary import Host
 from trainer.reporting import TAGS, Reporter
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 from tests.conftest import Recorder, line_of, make_config, override_flags, read_metrics, run_train
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.

@@ -29,8 +29,8 @@ from library_errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_S
                             ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS)
 from mlp import steps
 from trainer import config_fields, config_rules
-from trainer.host import Host
-from trainer.run_dir import RunDirectory
+from trainer.host.boundary import Host
+from trainer.host.run_dir import RunDirectory
 
 STATE, META = 'state', 'meta'
 META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpoints have.

@@ -14,10 +14,10 @@ from mlp import steps
 from trainer import evaluation, reporting
 from trainer.checkpoints import Restored
 from trainer.config_fields import config_from_flat
-from trainer.host import Host, Stopped
+from trainer.host.boundary import Host, Stopped
 from trainer.programs import recipe_of
 from trainer.run import Run, open_run
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, run_dir: RunDirectory,

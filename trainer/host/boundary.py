@@ -17,11 +17,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from errors import During, UserError
-from trainer import faults
+from trainer.host import faults
 
 if TYPE_CHECKING:
-  from trainer.processes import Peers
-  from trainer.run_dir import RunDirectory
+  from trainer.host.peers import Peers
+  from trainer.host.run_dir import RunDirectory
 
 STOP_SIGNALS = {signal.SIGINT: 'Ctrl-C', signal.SIGTERM: 'SIGTERM'}  # A user's, a preempted VM's.
 ABANDONED_GRACE_S = 5.0  # How long an error's exit waits for threads still running.
@@ -141,7 +141,7 @@ class Host:
   def join(self, launch: Launch, run_dir: RunDirectory) -> None:
     """Joins the run's other processes when `launch` names several; process 0 decided here."""
     if launch.several():
-      from trainer import processes  # pylint: disable=g-import-not-at-top; only for several
+      from trainer.host import peers as processes  # pylint: disable=g-import-not-at-top; only for several
       self.peers = processes.join(launch, self, run_dir)
       self.primary = self.peers.index == 0
 

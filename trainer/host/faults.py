@@ -20,9 +20,9 @@ from errors import (CheckpointUnreadable, ConfigError, During, SaveFailed, UserE
 from library_errors import (DEVICE_ALLOCATION, DEVICE_OUT_OF_MEMORY, LIBRARY_UNMAPPED,
                             TENSORSTORE_DENIED_STATUS, TENSORSTORE_OS_REASON,
                             TENSORSTORE_SPACE_STATUS, THREAD_REFUSED)
-from trainer.cloud_storage import REMOTE_PREFIX
+from trainer.host.cloud_storage import REMOTE_PREFIX
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CREDENTIALS_HELP = ('on a Cloud TPU or GCE VM they come with its service account; elsewhere run '
                     '`gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS')
 # What a 429 or 5xx that outlasted the retries means, and the fix.

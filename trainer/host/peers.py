@@ -4,7 +4,7 @@ one of them is lost. Entered only where a run has several processes (Host.join).
 
 JAX aborts a process whose coordination service reports a lost peer (a C++ fatal log, a stack dump,
 exit 134), from a thread of its own and with no hook Python can use. So the run's stderr passes
-through a relay process, `python -m trainer.processes RUN_DIR COMMAND`, which outlives the abort
+through a relay process, `python -m trainer.host.peers RUN_DIR COMMAND`, which outlives the abort
 and turns it into the run's one line. And every process keeps a TCP lifeline to process 0: the
 kernel of a killed process closes it, so a lost process is known within milliseconds, wherever the
 others wait (JAX learns of it at once in a collective, but in a barrier of its coordination
@@ -31,11 +31,11 @@ import numpy as np
 
 from errors import During, UserError, causes
 from library_errors import JAX_ABORT, PEER_LOST
-from trainer.host import Launch, nowhere, this_command
-from trainer.run_dir import RunDirectory
+from trainer.host.boundary import Launch, nowhere, this_command
+from trainer.host.run_dir import RunDirectory
 
 if TYPE_CHECKING:
-  from trainer.host import Host
+  from trainer.host.boundary import Host
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -45,7 +45,7 @@ _JAX_GRACE_S = 30
 # only when this runs out; a dead peer's closed connections are noticed at once. At 20 s, processes
 # starved of CPU on a loaded machine (and a job paused for 20 s) were taken for lost.
 HEARTBEAT_TIMEOUT_S = 60
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOST = 'a process of the run was lost'
 SAVE_IN_FLIGHT_S = 5.0  # How long a survivor waits for a checkpoint being written before its line.
 BYE = b'.'  # Sent on a lifeline by a process that ends of its own accord (not os._exit, a kill).
@@ -65,7 +65,7 @@ def join(launch: Launch, host: Host, run_dir: RunDirectory) -> Peers:
   if address is not None and launch.process_id == 0:
     check_port_free(address)
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
-  from trainer import backend  # pylint: disable=g-import-not-at-top
+  from trainer.host import backend  # pylint: disable=g-import-not-at-top
   if 'JAX_LOGGING_LEVEL' not in os.environ:
     # JAX's native logs only when fatal: its coordination service logs a lost peer at length, and
     # the run says it in one line.
@@ -235,7 +235,7 @@ def _start_relay(run_dir: RunDirectory) -> subprocess.Popen | None:
   read, write = os.pipe()
   try:  # The run directory by its absolute name: the relay runs from the project's root.
     relay_process = subprocess.Popen(
-        [sys.executable, '-m', 'trainer.processes', run_dir.name, this_command()], stdin=read,
+        [sys.executable, '-m', 'trainer.host.peers', run_dir.name, this_command()], stdin=read,
         stdout=subprocess.DEVNULL, cwd=ROOT)
   except OSError:
     os.close(write)
@@ -403,7 +403,7 @@ class _Lifelines:
 def _relay_main(argv: list[str]) -> None:
   """The relay ends when the run's stderr closes: a Ctrl-C or a SIGTERM to the whole job is the
   run's to handle, and its last lines still have to reach the user."""
-  from trainer.host import Host  # pylint: disable=g-import-not-at-top
+  from trainer.host.boundary import Host  # pylint: disable=g-import-not-at-top
   Host.ignore_signals()
   relay(sys.stdin.buffer, sys.stderr.buffer, lambda: lost_peer_line(RunDirectory(argv[1]), argv[2]))
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from errors import During, UserError
-from trainer.cloud_storage import blob
-from trainer.host import Host
-from trainer.run_dir import RunDirectory
+from trainer.host.cloud_storage import blob
+from trainer.host.boundary import Host
+from trainer.host.run_dir import RunDirectory
 
 LOCK_FILE = 'run.lock'
 
