@@ -1,5 +1,5 @@
 """Errors a user can act on, and what the program was doing when a fault met it: the library raises
-and marks them, trainer/faults.py words each as the user's one line."""
+and marks them, trainer/host/faults.py words each as the user's one line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import os
 import shlex
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -32,6 +33,24 @@ class ConfigError(UserError):
     super().__init__(f'{field} {constraint}, got {value!r}')
     self.field = field
     self.fix = fix  # A value to pass instead, or the form one takes.
+
+
+class ExtraMissing(Exception):
+  """A library of an extra that `make train` leaves out, which what the user asked for needs: raised
+  from the ImportError. `instead`: what needs no extra."""
+
+  def __init__(self, asked: str, library: str, install: str, instead: str):
+    super().__init__(f'{asked} needs {library}')
+    self.asked, self.library, self.install, self.instead = asked, library, install, instead
+
+
+class Stopped(Exception):
+  """A run that a signal stopped at an epoch's end, once that epoch's checkpoint is saved."""
+
+  def __init__(self, signal_name: str, epoch: int, directory: str):
+    super().__init__(f'stopped by {signal_name} after epoch {epoch}, whose checkpoint is saved in '
+                     f'{directory}')
+    self.exit_status = 128 + signal.Signals[signal_name].value  # The shell's status for it.
 
 
 class SaveFailed(Exception):

@@ -6,8 +6,8 @@ import sys
 import warnings
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer.host import boundary as host_lib
-  HOST = host_lib.start('stopped by {signal}; rerun the same command to classify the images')
+  from trainer.host import boundary
+  HOST = boundary.start('stopped by {signal}; rerun the same command to classify the images')
 
 # pylint: disable=wrong-import-position
 import numpy as np
@@ -15,7 +15,8 @@ from absl import flags
 
 from command import define_member_flag, parse_tool_flags
 from errors import During, UsageError, UserError, shown
-from trainer.host.boundary import Host, say
+from trainer.host.boundary import Host, Phase
+from trainer.host.exits import error_line, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -130,7 +131,7 @@ def main(argv: list[str], host: Host) -> None:
   files, digits, unread = read_digits(image_files(argv[1:]))
   if not files:  # Nothing to classify: said at once, before JAX loads.
     for line in unread[:-1]:
-      say(f'error: {line}', sys.stderr)
+      say(error_line(line), sys.stderr)
     raise UserError(unread[-1])
   os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
   # pylint: disable=g-import-not-at-top; after the flags and the images, which need none of it
@@ -139,9 +140,9 @@ def main(argv: list[str], host: Host) -> None:
   workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
   config, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   report(files, evaluation.probabilities(config, restored, digits), _JSON.value)
-  host.end_quietly()  # Every image is classified and said: a signal now only ends it.
+  host.phase(Phase.ENDING)  # Every image is classified and said: a signal now only ends it.
   for line in unread:
-    say(f'error: {line}', sys.stderr)
+    say(error_line(line), sys.stderr)
   left_out = f'; left out {len(unread)} that could not be read, each said above' if unread else ''
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
         f'epoch {restored.epoch} in {workdir}{which}{left_out}',

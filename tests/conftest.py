@@ -70,8 +70,8 @@ class Recorder(Host):
 
 
 def line_of(call: Callable[[], object]) -> str:
-  """The one line the user sees for what `call` raises (trainer/faults.py's words); fails the test
-  where it raises nothing, or a fault of the code."""
+  """The one line the user sees for what `call` raises (trainer/host/faults.py's words); fails the
+  test where it raises nothing, or a fault of the code."""
   with pytest.raises(BaseException) as raised:
     call()
   line = faults.line(raised.value)

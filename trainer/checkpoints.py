@@ -372,7 +372,7 @@ class Checkpoints:
     # on to delete older checkpoints as if the failed save had succeeded.
     # Alone: in a multi-process run the processes could disagree on whether a save is in progress,
     # so a failure there surfaces at the next save, which all of them make together.
-    if self._host.peers is None and not self._manager.is_saving_in_progress():
+    if self._host.alone and not self._manager.is_saving_in_progress():
       self.wait()
 
   @contextlib.contextmanager
@@ -520,7 +520,7 @@ class Checkpoints:
       self.close()
       return
     self._failed = True  # Orbax's abandoned reads and writes may still report: muted to the end.
-    if not (self._host.peers and self._host.peers.lost_a_peer(error)):
+    if not self._host.lost_a_peer(error):
       with contextlib.suppress(Exception):
         self.close()
 

@@ -9,12 +9,12 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from errors import UserError
+from errors import Stopped, UserError
 from mlp import steps
 from trainer import evaluation, reporting
 from trainer.checkpoints import Restored
 from trainer.config_fields import config_from_flat
-from trainer.host.boundary import Host, Stopped
+from trainer.host.boundary import Host
 from trainer.programs import recipe_of
 from trainer.run import Run, open_run
 from trainer.host.run_dir import RunDirectory

@@ -22,7 +22,8 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from data.splits import parse_split
 from trainer import pictures, sweeps
-from trainer.host.boundary import Host, this_command
+from trainer.host.boundary import Host
+from trainer.host.exits import this_command
 from trainer.host.run_dir import RunDirectory
 
 if TYPE_CHECKING:
