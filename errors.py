@@ -8,6 +8,7 @@ import dataclasses
 import os
 import shlex
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -36,12 +37,9 @@ class ConfigError(UserError):
 
 
 class ExtraMissing(Exception):
-  """A library of an extra that `make train` leaves out, which what the user asked for needs: raised
-  from the ImportError. `instead`: what needs no extra."""
-
-  def __init__(self, asked: str, library: str, install: str, instead: str):
-    super().__init__(f'{asked} needs {library}')
-    self.asked, self.library, self.install, self.instead = asked, library, install, instead
+  """A library of an extra that `make train` leaves out, which what the user asked for needs, raised
+  from the ImportError; its arguments: what was asked, the library, how to install it, and what to
+  do instead that needs no extra."""
 
 
 class Stopped(Exception):
@@ -117,6 +115,12 @@ def first_cause(error: BaseException,
                 matches: Callable[[BaseException], bool]) -> BaseException | None:
   """The outermost of `error`'s causes that `matches` (None if none does): libraries wrap them."""
   return next((cause for cause in causes(error) if matches(cause)), None)
+
+
+def kinds_of(module: str, *names: str) -> tuple[type, ...]:
+  """Exception classes of a library imported already (none if it is not: no error is of its)."""
+  loaded = sys.modules.get(module)
+  return tuple(getattr(loaded, name) for name in names) if loaded else ()
 
 
 def first_line(text: str) -> str:

@@ -117,13 +117,10 @@ def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
   width = max(len(path) for path in files)
   for path, row in zip(files, probabilities):
     first, second = (int(d) for d in row.argsort()[::-1][:2])
-    if as_json:
-      say(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
-                      'runner_up': second, 'runner_up_probability': float(row[second])}),
-          sys.stdout)
-    else:
-      say(f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}',
-          sys.stdout)
+    say(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
+                    'runner_up': second, 'runner_up_probability': float(row[second])}) if as_json
+        else f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}',
+        sys.stdout)
 
 
 def main(argv: list[str], host: Host) -> None:
@@ -145,8 +142,7 @@ def main(argv: list[str], host: Host) -> None:
     say(error_line(line), sys.stderr)
   left_out = f'; left out {len(unread)} that could not be read, each said above' if unread else ''
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {workdir}{which}{left_out}',
-        file=sys.stderr)
+        f'epoch {restored.epoch} in {workdir}{which}{left_out}', file=sys.stderr)
   sys.exit(1 if unread else 0)
 
 

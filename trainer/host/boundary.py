@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NoReturn, TextIO
 from errors import Stopped, UserError
 from trainer.host import faults
 from trainer.host.exits import (STOP_SIGNALS, Exits, nowhere, on_stop_signals, print_error,
-                                restore_signals, say, this_command)
+                                say, this_command)
 
 if TYPE_CHECKING:
   from trainer.host.peers import Launch, Peers
@@ -65,6 +65,7 @@ class Host:
     self.primary = True  # Process 0 speaks and writes for the run; decided once, by join().
     self.exits = exits or Exits()
     self._peers: Peers | None = None  # The run's other processes, once joined.
+    self.alone = True  # Whether this process is its run's only one.
     self._phase, self._line = Phase.STARTING, ''  # `line`: a signal's end there, if any.
     self._listening = False  # Whether the stop signals come to _heard.
     self._signal: str | None = None  # The first stop signal of a run that finishes its epoch.
@@ -87,12 +88,7 @@ class Host:
     if launch.several():
       from trainer.host import peers  # pylint: disable=g-import-not-at-top; only for several
       self._peers = peers.join(launch, self.exits, run_dir)
-      self.primary = self._peers.index == 0
-
-  @property
-  def alone(self) -> bool:
-    """Whether this process is its run's only one."""
-    return self._peers is None
+      self.primary, self.alone = self._peers.index == 0, False
 
   def check_same_checkpoints(self, newest_epoch: int) -> None:
     """Every process must see one newest checkpoint before any restores: orbax restores together."""
@@ -132,7 +128,7 @@ class Host:
     def leave() -> None:
       self._phase, self._line = before
       if replaced is not None:
-        restore_signals(replaced)
+        on_stop_signals(replaced)
         self._listening = False
     on_leaving = contextlib.ExitStack()
     on_leaving.callback(leave)

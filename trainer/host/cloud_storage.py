@@ -4,8 +4,9 @@ trainer/host/faults.py.
 Its libraries load only for a `gs://` run directory."""
 
 import logging
-import sys
 from typing import Any
+
+from errors import kinds_of
 
 REMOTE_PREFIX = 'gs://'
 # How long the first touch of a bucket retries before the run says Cloud Storage is out of reach
@@ -17,10 +18,9 @@ def failures() -> tuple[type[BaseException], ...]:
   """What a request to a run directory raises when the disk, the network or Cloud Storage fails
   for a while: OSError (requests' errors among them), and the errors of Cloud Storage's libraries
   where they are imported (a local run directory imports none)."""
-  loaded = (getattr(sys.modules.get(module), name, None) for module, name in (
-      ('google.api_core.exceptions', 'GoogleAPIError'),
-      ('google.auth.exceptions', 'GoogleAuthError'), ('gcsfs.retry', 'HttpError')))
-  return (OSError, *(kind for kind in loaded if isinstance(kind, type)))
+  return (OSError, *kinds_of('google.api_core.exceptions', 'GoogleAPIError'),
+          *kinds_of('google.auth.exceptions', 'GoogleAuthError'),
+          *kinds_of('gcsfs.retry', 'HttpError'))
 
 
 def client() -> Any:

@@ -54,16 +54,11 @@ def this_command() -> str:
   return shlex.join([sys.executable, *sys.argv])
 
 
-def on_stop_signals(handler: Handler) -> dict[int, Handler]:
+def on_stop_signals(handler: Handler | dict[int, Handler]) -> dict[int, Handler]:
   """`handler` for a Ctrl-C and a SIGTERM from now on (SIG_IGN: a helper process that must outlive
-  its command's, the relay); the handlers it replaced."""
-  return {number: signal.signal(number, handler) for number in STOP_SIGNALS}
-
-
-def restore_signals(handlers: dict[int, Handler]) -> None:
-  """The handlers on_stop_signals replaced, back."""
-  for number, handler in handlers.items():
-    signal.signal(number, handler)
+  its command's, the relay), or for each its own (those replaced before); the handlers replaced."""
+  return {number: signal.signal(number, handler[number] if isinstance(handler, dict) else handler)
+          for number in STOP_SIGNALS}
 
 
 class Exits:
@@ -72,7 +67,8 @@ class Exits:
 
   def __init__(self) -> None:
     self._releases: list[Callable[[], None]] = []  # Run locks held: released before os._exit.
-    self._relay: subprocess.Popen | None = None  # Where this process's stderr goes, if anywhere.
+    # The relay this process's stderr goes through, if any (peers.join): the last line waits for it.
+    self.relay: subprocess.Popen | None = None
 
   def hold(self, release: Callable[[], None]) -> None:
     """Until let go, an abrupt exit calls `release` first: a run lock left behind would make the
@@ -86,20 +82,15 @@ class Exits:
     for release in list(self._releases):
       release()
 
-  def pass_through(self, relay: subprocess.Popen | None) -> None:
-    """This process's stderr goes through `relay` from now on (None: none started): its last line
-    waits for it."""
-    self._relay = relay
-
   def exit_now(self, status: int) -> NoReturn:
     """Ends the process at once, once its last lines are out (through the relay, where there is
     one): orbax's threads, or a peer that is gone, would hold a normal exit."""
     sys.stdout.flush()
     sys.stderr.flush()
-    if self._relay is not None:
+    if self.relay is not None:
       nowhere(sys.stderr)  # The relay's pipe closes: it writes what it has, ends.
       with contextlib.suppress(subprocess.TimeoutExpired):
-        self._relay.wait(timeout=5)
+        self.relay.wait(timeout=5)
     os._exit(status)
 
   def fail_now(self, line: str, status: int) -> NoReturn:

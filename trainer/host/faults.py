@@ -17,7 +17,8 @@ import sys
 from collections.abc import Callable
 
 from errors import (CheckpointUnreadable, ConfigError, During, ExtraMissing, SaveFailed, UserError,
-                    causes, clipped, during, error_reason, first_cause, first_line, shown)
+                    causes, clipped, during, error_reason, first_cause, first_line, kinds_of,
+                    shown)
 from library_errors import (DEVICE_ALLOCATION, DEVICE_OUT_OF_MEMORY, LIBRARY_UNMAPPED,
                             TENSORSTORE_DENIED_STATUS, TENSORSTORE_OS_REASON,
                             TENSORSTORE_SPACE_STATUS, THREAD_REFUSED)
@@ -56,15 +57,9 @@ def _of(*kinds: type) -> Callable[[BaseException], BaseException | None]:
   return lambda error: first_cause(error, lambda cause: isinstance(cause, kinds))
 
 
-def _kinds(module: str, *names: str) -> tuple[type, ...]:
-  """Exception classes of a library imported already (none if it is not: no error is of its)."""
-  loaded = sys.modules.get(module)
-  return tuple(getattr(loaded, name) for name in names) if loaded else ()
-
-
 def _of_library(module: str, *names: str) -> Callable[[BaseException], BaseException | None]:
   """The first of an error's causes of these classes of `module`'s, where it is imported."""
-  return lambda error: _of(*_kinds(module, *names))(error)
+  return lambda error: _of(*kinds_of(module, *names))(error)
 
 
 # --- The rows, in the order they are tried. The machine's limits come first: they are met
@@ -144,9 +139,9 @@ def library_unmapped(error: BaseException, _: During | None = None) -> str:
 @row(lambda error: error if isinstance(error, ExtraMissing) else None)
 def extra_missing(error: BaseException, _: During | None) -> str:
   """A library of an extra that `make train` leaves out, which what the user asked for needs."""
-  assert isinstance(error, ExtraMissing)
-  return (f'{error.asked} needs {error.library} ({error.__cause__}), an extra that `make train` '
-          f'leaves out: {error.install}, or {error.instead}')
+  asked, library, install, instead = error.args
+  return (f'{asked} needs {library} ({error.__cause__}), an extra that `make train` leaves out: '
+          f'{install}, or {instead}')
 
 
 @row(lambda error: error if isinstance(error, UserError) else None)  # Its line given where found.
@@ -178,9 +173,9 @@ def http_answer(error: BaseException, marked: During | None) -> str:
 
 def _unanswered(error: BaseException) -> BaseException | None:
   """Cloud Storage's retries run out, or no answer at all (a connection refused, a timeout)."""
-  return _of(*_kinds('google.api_core.exceptions', 'RetryError', 'TooManyRequests', 'ServerError'),
-             *_kinds('google.auth.exceptions', 'TransportError'),
-             *_kinds('requests', 'ConnectionError', 'Timeout'))(error)
+  return _of(*kinds_of('google.api_core.exceptions', 'RetryError', 'TooManyRequests',
+                      'ServerError'), *kinds_of('google.auth.exceptions', 'TransportError'),
+             *kinds_of('requests', 'ConnectionError', 'Timeout'))(error)
 
 
 @row(_unanswered)

@@ -103,7 +103,7 @@ def join(launch: Launch, exits: Exits, run_dir: RunDirectory) -> Peers:
                                heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   backend.start()
   _mute_native_stdout()
-  exits.pass_through(_start_relay(run_dir))
+  exits.relay = _start_relay(run_dir)
   peers = Peers(exits, run_dir, jax.process_index())
   peers.watch(address)
   return peers
