@@ -119,15 +119,15 @@ class Host:
   def phase(self, phase: Phase, line: str = '') -> contextlib.ExitStack:
     """The command is in `phase` from now on; `line`, its `{signal}` the one met, is how a signal
     ends it there (starting or finishing). As a context, the phase before comes back on leaving,
-    and the handlers before the host's own."""
-    before, replaced = (self._phase, self._line), None
-    if not self._listening:
-      replaced, self._listening = on_stop_signals(self._heard), True
-    self._phase, self._line = phase, line or self._line
+    and the handlers before the host's own where it put its own first."""
+    before = self._phase, self._line
+    # Put back each time: a library may have put its own there since (JAX's preemption notice).
+    replaced, first = on_stop_signals(self._heard), not self._listening
+    self._phase, self._line, self._listening = phase, line or self._line, True
 
     def leave() -> None:
       self._phase, self._line = before
-      if replaced is not None:
+      if first:
         on_stop_signals(replaced)
         self._listening = False
     on_leaving = contextlib.ExitStack()
