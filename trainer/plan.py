@@ -89,6 +89,15 @@ def make_mesh(mode: str, shards: int = 1) -> Mesh:
                        devices=devices)
 
 
+def axes_of(mode: str, mesh: Mesh) -> tuple[str | None, str | None]:
+  """The mesh axes an epoch maps over: the one that splits the batches (None on one device), and
+  the one that splits the members (None: every device holds them all). Members one shard per device
+  leave no batch to split: no axis, and no collective in a step."""
+  if MEMBERS not in mesh.axis_names:
+    return None if mode == 'jit' else AXIS, None
+  return AXIS if mesh.shape[AXIS] > 1 else None, MEMBERS
+
+
 class Recipe(NamedTuple):
   """The recipe as the plain values mlp/ takes: mlp/ knows nothing of configs."""
   model: Callable[..., MLP]  # Builds the model, given its nnx.Rngs.
@@ -186,8 +195,7 @@ def resolve(config: ml_collections.ConfigDict, members: Sequence[Member] | None 
       config_fields.flat_config(config), mode, mesh, members,
       tuple(dict.fromkeys(name for member in members for name in member.values)), steps,
       recipe_of(config, members, steps),
-      epoch_spec(config, members, None if mode == 'jit' else AXIS,
-                 MEMBERS if MEMBERS in mesh.axis_names else None),
+      epoch_spec(config, members, *axes_of(mode, mesh)),
       keys_of(config.seed, members), config.num_epochs, config.eval_batch_size,
       config.matmul_precision, config.dtype, config.seed, config.profile_epoch, config.data,
       Checkpointing(config.checkpoint_every_epochs, config.checkpoint_min_seconds,
