@@ -1,0 +1,113 @@
+"""Where the members of a run go on several devices: over the `data` axis (member_shards=1, every
+device holds every member and a piece of every batch) or over a `members` axis (member_shards=N,
+each device its members and every batch whole): the collectives of the compiled training epoch, per
+step and per epoch (count and bytes, read from its HLO), and the epoch's time, side by side.
+
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m benchmarks.member_placement \\
+      [--num_models=8] [--repeats=3] [--batch_size=128] [--num_images=8000] [--data=idx|synthetic]
+
+The trainer's compiled epoch (benchmarks/workload.py's TrainerRun) of configs/default.py under
+parallel=mesh, each placement warmed up by an epoch, then timed in turn per repetition. A
+collective counts per step where it sits in the step loop (its HLO op_name runs through a while
+body), per epoch otherwise; its bytes are its result's. Prints a table, then one JSON line.
+"""
+
+import json
+import re
+import statistics
+
+import jax
+from absl import flags
+
+from benchmarks import workload
+from errors import UserError
+from trainer.host import Host
+
+_NUM_MODELS = flags.DEFINE_integer('num_models', 8, 'Members (a multiple of the device count).')
+_REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed epochs of each placement (at least 1).')
+
+KINDS = ('all-reduce', 'all-gather', 'reduce-scatter', 'collective-permute', 'all-to-all',
+         'collective-broadcast')
+# `%name = SHAPE KIND(` (an async pair counted once, at its start), then its metadata's op_name.
+_COLLECTIVE = re.compile(r'= (?P<shape>.+?) (?P<kind>' + '|'.join(KINDS) +
+                         r')(?:-start)?\(.*?op_name="(?P<op>[^"]*)"')
+_ARRAY = re.compile(r'\b(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]')
+BYTES = {'pred': 1, 's8': 1, 'u8': 1, 'bf16': 2, 'f16': 2, 's16': 2, 'u16': 2, 'f32': 4, 's32': 4,
+         'u32': 4, 'f64': 8, 's64': 8, 'u64': 8}
+
+
+def shape_bytes(shape: str) -> int:
+  """The bytes of an HLO result shape: an array's (`f32[8,64]{1,0}`), or a tuple's arrays'."""
+  total = 0
+  for array in _ARRAY.finditer(shape):
+    count = 1
+    for dim in filter(None, array['dims'].split(',')):
+      count *= int(dim)
+    total += count * BYTES[array['dtype']]
+  return total
+
+
+def collectives(hlo: str) -> dict[str, dict]:
+  """A compiled program's collectives, per step (in a while loop's body) and per epoch: count,
+  bytes, and each one's kind, result shape and bytes."""
+  found: dict[str, dict] = {where: {'count': 0, 'bytes': 0, 'ops': []}
+                            for where in ('per_step', 'per_epoch')}
+  for line in hlo.splitlines():
+    match = _COLLECTIVE.search(line)
+    if match is None:
+      continue
+    where = found['per_step' if '/while/body/' in match['op'] else 'per_epoch']
+    size = shape_bytes(match['shape'])
+    where['count'] += 1
+    where['bytes'] += size
+    where['ops'].append({'kind': match['kind'], 'shape': match['shape'], 'bytes': size})
+  return found
+
+
+def measure(num_models: int, repeats: int) -> dict:
+  """Each placement's collectives and epoch times (median, min, max ms), taking turns."""
+  examples, description = workload.load_images()
+  runs = {}
+  for shards in (1, jax.device_count()):
+    config = workload.benchmark_config()
+    config.parallel, config.num_models, config.member_shards = 'mesh', num_models, shards
+    runs[shards] = workload.TrainerRun(config, examples)
+    runs[shards].epoch(1)  # Warm-up.
+  milliseconds: dict[int, list[float]] = {shards: [] for shards in runs}
+  for epoch in range(2, repeats + 2):
+    for shards, trainer in runs.items():
+      milliseconds[shards].append(1e3 * trainer.epoch(epoch)[0])
+  return {'data': description, 'images_per_epoch': runs[1].images_per_epoch,
+          'placements': {str(shards): {
+              'placement': trainer.placement, 'collectives': collectives(trainer.compiled_text()),
+              'epoch_ms': {'median': statistics.median(milliseconds[shards]),
+                           'min': min(milliseconds[shards]), 'max': max(milliseconds[shards])}}
+                         for shards, trainer in runs.items()}}
+
+
+def report(measured: dict, num_models: int) -> str:
+  """The table, then the JSON object as the last line."""
+  lines = [f'{measured["data"]}; {measured["images_per_epoch"]:,} images per epoch; '
+           f'{num_models} members on {jax.device_count()} {jax.default_backend()} devices', '',
+           f'{"member_shards":<15}{"per step":>22}{"per epoch":>22}{"epoch ms":>12}']
+  for shards, placed in measured['placements'].items():
+    step, epoch = placed['collectives']['per_step'], placed['collectives']['per_epoch']
+    lines.append(f'{shards:<15}{step["count"]:>6} ({step["bytes"]:>11,} B){epoch["count"]:>6} '
+                 f'({epoch["bytes"]:>11,} B){placed["epoch_ms"]["median"]:>12.1f}')
+  lines += [f'  {shards}: {placed["placement"]}' for shards, placed in
+            measured['placements'].items()]
+  return '\n'.join(lines + ['', json.dumps({'num_models': num_models, **measured})])
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  devices = jax.device_count()
+  if devices < 2 or _NUM_MODELS.value % devices or _REPEATS.value < 1:
+    raise UserError(f'--num_models must be a multiple of the {devices} device(s) and --repeats 1 or '
+                    'more, on several devices; e.g. XLA_FLAGS=--xla_force_host_platform_device_'
+                    'count=8 python -m benchmarks.member_placement --num_models=8')
+  print(report(measure(_NUM_MODELS.value, _REPEATS.value), _NUM_MODELS.value), flush=True)
+
+
+if __name__ == '__main__':
+  Host().run(main, workload.parse_flags)
