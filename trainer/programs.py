@@ -59,10 +59,11 @@ def state_spec(plan: Plan) -> P:
   return P(MEMBERS) if plan.spec.member_axis else P()
 
 
-def _compile(per_device: Callable, plan: Plan, args: tuple, donate: bool,
-             specs: Specs = (P(), P())) -> Callable:
-  """The per-device function as one compiled program for the plan's mesh: replicated in and out,
-  or under mesh as `specs` (in_specs, out_specs) lay its arguments and results."""
+def _compile(per_device: Callable, plan: Plan, args: tuple, specs: Specs, *,
+             donate: bool) -> Callable:
+  """The per-device function as one compiled program for the plan's mesh: under jit and pmap
+  replicated in and out, under mesh as `specs` (in_specs, out_specs) lay its arguments and
+  results."""
   mode, mesh = plan.mode, plan.mesh
   donated = (0,) if donate else ()
   if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
@@ -196,9 +197,8 @@ def compile_programs(plan: Plan, train: Examples | None, eval_examples: Examples
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
       with During('training'):  # A GPU's compiler tries kernels in device memory.
         train_program = _compile(train_pass, plan, (template, train_data, run_key, number),
-                                 donate=True, specs=train_specs)
+                                 train_specs, donate=True)
     with During('evaluating'):
-      eval_program = _compile(eval_pass, plan, (template, eval_data), donate=False,
-                              specs=eval_specs)
+      eval_program = _compile(eval_pass, plan, (template, eval_data), eval_specs, donate=False)
   return Programs(plan, run_key, train_data, eval_data, template, train_program, eval_program,
                   time.perf_counter() - start)
