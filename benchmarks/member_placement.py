@@ -103,9 +103,9 @@ def main(argv: list[str]) -> None:
   del argv
   devices = jax.device_count()
   if devices < 2 or _NUM_MODELS.value % devices or _REPEATS.value < 1:
-    raise UserError(f'--num_models must be a multiple of the {devices} device(s) and --repeats 1 or '
-                    'more, on several devices; e.g. XLA_FLAGS=--xla_force_host_platform_device_'
-                    'count=8 python -m benchmarks.member_placement --num_models=8')
+    raise UserError(f'--num_models must be a multiple of the {devices} device(s) and --repeats 1 '
+                    'or more, on several devices; e.g. XLA_FLAGS=--xla_force_host_platform_'
+                    'device_count=8 python -m benchmarks.member_placement --num_models=8')
   print(report(measure(_NUM_MODELS.value, _REPEATS.value), _NUM_MODELS.value), flush=True)
 
 

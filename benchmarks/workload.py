@@ -134,11 +134,6 @@ class TrainerRun:
     jax.block_until_ready(self._state)
     return time.perf_counter() - start, metrics
 
-  def compiled_text(self) -> str:
-    """The compiled training epoch's HLO, as XLA optimized it (jit and mesh: one program)."""
-    program: Any = self._run.train_program
-    return program.as_text()
-
   @property
   def state(self) -> steps.TrainState:
     """The state after the epochs run so far, global arrays on the mesh (what a save takes)."""

@@ -35,7 +35,7 @@ def probe(tmp_path_factory, mnist_dir):
 
 
 def assert_members_agree(records: list[dict], reference: list[dict]) -> None:
-  """Every member's figures, and the ensemble's, as the reference run's to the members' tolerance."""
+  """Every member's figures, and the ensemble's, as the reference's to the members' tolerance."""
   for k in range(MEMBER_COUNT):
     assert_same_numbers(member_records(records, k), member_records(reference, k))
   for ours, theirs in zip(records, reference):

@@ -42,7 +42,7 @@ def _here(leaf: jax.Array) -> bool:
 
 
 def gathers(tree: Any) -> bool:
-  """Whether `to_host` of global arrays gathers across processes: then every process must call it."""
+  """Whether `to_host` of global arrays gathers across processes: then every process calls it."""
   return not all(_here(leaf) for leaf in jax.tree.leaves(tree))
 
 
@@ -171,16 +171,17 @@ class Programs:
 def _passes(plan: Plan) -> tuple[tuple[Callable, Specs], tuple[Callable, Specs]]:
   """The plan's training and evaluation passes, each with the specs that lay it on the mesh: of
   members split over it, the state, run keys and members' sums split, the rest whole."""
-  evaluation = dict(batch_size=plan.eval_batch_size, axis_name=plan.spec.axis_name)
+  size, axis = plan.eval_batch_size, plan.spec.axis_name
   if not plan.members:
     return ((functools.partial(passes.train_epoch, spec=plan.spec), (P(), P())),
-            (functools.partial(passes.evaluate, **evaluation), (P(), P())))
+            (functools.partial(passes.evaluate, batch_size=size, axis_name=axis), (P(), P())))
   split = state_spec(plan)
   whole = not plan.spec.member_axis  # Replicated in and out, as one spec for all.
   return ((functools.partial(passes.train_members, spec=plan.spec),
            (P(), P()) if whole else ((split, P(), split, P()), (split, split))),
-          (functools.partial(passes.evaluate_members, member_axis=plan.spec.member_axis,
-                             **evaluation), (P(), P()) if whole else ((split, P()), (split, P()))))
+          (functools.partial(passes.evaluate_members, batch_size=size, axis_name=axis,
+                             member_axis=plan.spec.member_axis),
+           (P(), P()) if whole else ((split, P()), (split, P()))))
 
 
 def compile_programs(plan: Plan, train: Examples | None, eval_examples: Examples) -> Programs:
