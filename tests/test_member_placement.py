@@ -7,6 +7,7 @@ The 8-device cases run in one process with 8 simulated CPU devices (tests/placem
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,8 +16,10 @@ import pytest
 from benchmarks.member_placement import collectives, shape_bytes
 from errors import ConfigError, UserError
 from tests.conftest import (ROOT, assert_same_numbers, make_config, member_records, on_devices,
-                            read_metrics)
+                            override_flags, read_metrics, run_train)
+from tests.parallel_probe import SETTINGS
 from tests.placement_probe import RESUME_MARK, RESUMES
+from tests.test_processes import finish, launch_two_processes
 from trainer import config_rules
 from trainer.plan import AXIS, MEMBERS, choose_mode, make_mesh, resolve
 
@@ -136,3 +139,27 @@ def test_collectives_and_their_bytes_are_read_from_hlo():
   assert found['per_epoch']['count'] == 2 and found['per_epoch']['bytes'] == 4 * 8 + 2 * 8
   assert [op['kind'] for op in found['per_epoch']['ops']] == ['all-reduce', 'all-gather']
   assert shape_bytes('pred[]') == 1
+
+
+@pytest.mark.slow
+def test_members_spread_over_two_processes_train_and_resume_as_on_one_device(tmp_path, mnist_dir):
+  """4 members one per device of 2 processes of 2 devices: trained from the start, and resumed
+  from a one-device run's checkpoint of epoch 1 (restored split across the processes)."""
+  args = ['--config=configs/default.py', *override_flags(**{
+      **SETTINGS, 'num_models': 4, 'data__train_split': 'train[:2048]'})]
+  alone = run_train(*args, '--config.parallel=jit', f'--workdir={tmp_path / "one"}',
+                    env=on_devices(1))
+  assert alone.returncode == 0, alone.stderr
+  shutil.copytree(tmp_path / 'one', tmp_path / 'resumed')
+  shutil.rmtree(tmp_path / 'resumed' / '2')
+  for name in ('spread', 'resumed'):
+    processes = launch_two_processes([*args, '--config.member_shards=4'],
+                                     lambda i, name=name: tmp_path / name)
+    outputs = finish(processes)
+    assert [p.returncode for p in processes] == [0, 0], [err for _, err in outputs]
+    assert ('mesh on 4 cpu devices in 2 processes, 128 per device per step; 4 models side by side '
+            '(seeds 1 to 4), 1 per device (member_shards=4)') in outputs[0][0]
+    assert ('resumed from epoch 1' in outputs[0][0]) == (name == 'resumed')
+    for k in range(4):
+      assert_same_numbers(member_records(read_metrics(tmp_path / name), k),
+                          member_records(read_metrics(tmp_path / 'one'), k), train_count=2048)
