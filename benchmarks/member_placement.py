@@ -67,16 +67,12 @@ def collectives(hlo: str) -> dict[str, dict]:
 def measure(num_models: int, repeats: int) -> dict:
   """Each placement's collectives and epoch times (median, min, max ms), taking turns."""
   examples, description = workload.load_images()
-  runs = {}
+  configs = {}
   for shards in (1, jax.device_count()):
-    config = workload.benchmark_config()
-    config.parallel, config.num_models, config.member_shards = 'mesh', num_models, shards
-    runs[shards] = workload.TrainerRun(config, examples)
-    runs[shards].epoch(1)  # Warm-up.
-  milliseconds: dict[int, list[float]] = {shards: [] for shards in runs}
-  for epoch in range(2, repeats + 2):
-    for shards, trainer in runs.items():
-      milliseconds[shards].append(1e3 * trainer.epoch(epoch)[0])
+    configs[shards] = workload.benchmark_config()
+    configs[shards].parallel, configs[shards].num_models = 'mesh', num_models
+    configs[shards].member_shards = shards
+  runs, milliseconds = workload.epochs_in_turn(configs, examples, repeats)
   return {'data': description, 'images_per_epoch': runs[1].images_per_epoch,
           'placements': {str(shards): {
               'placement': trainer.placement, 'collectives': collectives(trainer.compiled_text()),

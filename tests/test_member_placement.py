@@ -5,18 +5,14 @@ impossible placement refused in one line.
 The 8-device cases run in one process with 8 simulated CPU devices (tests/placement_probe.py).
 """
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from benchmarks.member_placement import collectives, shape_bytes
 from errors import ConfigError, UserError
-from tests.conftest import (ROOT, assert_same_numbers, make_config, member_records, on_devices,
-                            override_flags, read_metrics, run_train)
+from tests.conftest import (assert_same_numbers, make_config, member_records, on_devices,
+                            override_flags, read_metrics, run_probe, run_train)
 from tests.parallel_probe import SETTINGS
 from tests.placement_probe import RESUME_MARK, RESUMES
 from tests.test_processes import finish, launch_two_processes
@@ -29,12 +25,7 @@ MEMBER_COUNT = 8  # The probe's sweep: 2 learning rates x 2 label smoothings x 2
 @pytest.fixture(scope='module')
 def probe(tmp_path_factory, mnist_dir):
   """tests/placement_probe.py once on 8 simulated devices: its report, stdout and output folder."""
-  out = tmp_path_factory.mktemp('placement')
-  result = subprocess.run([sys.executable, '-m', 'tests.placement_probe', str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **on_devices(8)})
-  assert result.returncode == 0, result.stderr
-  return json.loads((out / 'probe.json').read_text()), result.stdout, out
+  return run_probe('tests.placement_probe', tmp_path_factory.mktemp('placement'))
 
 
 def assert_members_agree(records: list[dict], reference: list[dict]) -> None:
