@@ -12,7 +12,7 @@ import sys
 
 import jax
 
-from benchmarks.member_placement import collectives
+from benchmarks.collectives import collectives
 from data.mnist import load_split
 from tests.conftest import make_config
 from tests.parallel_probe import RESUMABLE

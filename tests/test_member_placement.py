@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from benchmarks.member_placement import collectives, shape_bytes
+from benchmarks.collectives import collectives, shape_bytes
 from errors import ConfigError, UserError
 from tests.conftest import (assert_same_numbers, make_config, member_records, on_devices,
                             override_flags, read_metrics, run_probe, run_train)
