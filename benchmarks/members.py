@@ -39,16 +39,11 @@ _LAUNCHES = flags.DEFINE_bool('launches', True, 'Also time the launches of train
 def time_epochs(num_models: int, repeats: int) -> dict:
   """Median [min, max] ms of one model's epoch and of num_models members', taking turns."""
   examples, description = workload.load_images()
-  runs = {}
+  configs = {}
   for count in (1, num_models):
-    config = workload.benchmark_config()
-    config.num_models, config.data.max_shift = count, _MAX_SHIFT.value
-    runs[count] = workload.TrainerRun(config, examples)
-    runs[count].epoch(1)  # Warm-up.
-  milliseconds: dict[int, list[float]] = {count: [] for count in runs}
-  for epoch in range(2, repeats + 2):
-    for count, trainer in runs.items():
-      milliseconds[count].append(1e3 * trainer.epoch(epoch)[0])
+    configs[count] = workload.benchmark_config()
+    configs[count].num_models, configs[count].data.max_shift = count, _MAX_SHIFT.value
+  runs, milliseconds = workload.epochs_in_turn(configs, examples, repeats)
   medians = {count: statistics.median(values) for count, values in milliseconds.items()}
   return {'data': description, 'max_shift': _MAX_SHIFT.value,
           'images_per_epoch': runs[1].images_per_epoch,

@@ -153,6 +153,21 @@ class TrainerRun:
     return train.as_text()
 
 
+def epochs_in_turn(configs: dict[Any, ml_collections.ConfigDict], examples: Examples,
+                   repeats: int) -> tuple[dict[Any, TrainerRun], dict[Any, list[float]]]:
+  """Each config's TrainerRun, warmed up by an epoch, and the ms of its `repeats` epochs after,
+  timed in turn so that load from other processes hits each alike."""
+  runs = {}
+  for key, config in configs.items():
+    runs[key] = TrainerRun(config, examples)
+    runs[key].epoch(1)  # Warm-up.
+  milliseconds: dict[Any, list[float]] = {key: [] for key in runs}
+  for epoch in range(2, repeats + 2):
+    for key, trainer in runs.items():
+      milliseconds[key].append(1e3 * trainer.epoch(epoch)[0])
+  return runs, milliseconds
+
+
 class MatmulsAloneRun:
   """Only the MLP's matmuls, forward and backward, at the batch's shapes, scanned over an epoch:
   what the trainer would reach if the bias, ReLU, loss, dropout and optimizer cost nothing."""

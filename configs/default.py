@@ -56,6 +56,11 @@ def _add_running(config: ml_collections.ConfigDict) -> None:
   """How the run computes, saves and reports; of these, dtype and matmul_precision move numbers."""
   config.parallel = 'auto'  # auto | jit | mesh | pmap (auto: mesh when there are several devices).
   config.num_devices = 0  # Devices the run must find, all processes together; 0: those present.
+  # Of a run of several models (num_models, a sweep) on several devices under mesh: the size of the
+  # mesh's `members` axis. 1: every device holds every model, and the devices split each batch; 8 on
+  # 8 devices: each device holds 1/8 of the models, with no gradient exchanged between devices.
+  # Must divide the device count and the model count.
+  config.member_shards = 1
   config.checkpoint_every_epochs = 1  # Also at the end of the run and when stopped by a signal.
   # But not within this many seconds of the last save (0: every checkpoint_every_epochs epochs), so
   # fast epochs are not held up by saves; a kill -9 loses about this much training at most. 1 s:

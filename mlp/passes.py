@@ -33,12 +33,23 @@ class EpochSpec:
   axis_name: str | None = None  # The mapped axis under shard_map or pmap; None on one device.
   label_smoothing: float | PerMember | jax.Array = 0.0  # The share of each label's mass spread.
   dropout_rate: PerMember | jax.Array | None = None  # None: the model's own rate.
+  # The mapped axis the members are split over (each device holds a shard of them); None: all.
+  member_axis: str | None = None
 
   def per_member(self) -> dict[str, jax.Array]:
-    """The fields that members set each their own, as arrays [M]."""
-    return {name: jnp.asarray(value, jnp.float32)
+    """The fields that members set each their own, as arrays [M]; split over `member_axis`, this
+    device's shard of them."""
+    return {name: member_shard(jnp.asarray(value, jnp.float32), self.member_axis)
             for name, value in (('label_smoothing', self.label_smoothing),
                                 ('dropout_rate', self.dropout_rate)) if isinstance(value, tuple)}
+
+
+def member_shard(values: jax.Array, member_axis: str | None) -> jax.Array:
+  """This device's shard of values [M] of every member, along `member_axis`; all of them on None."""
+  if member_axis is None:
+    return values
+  size = values.shape[0] // jax.lax.axis_size(member_axis)
+  return jax.lax.dynamic_slice_in_dim(values, jax.lax.axis_index(member_axis) * size, size)
 
 
 def _shard(axis_name: str | None) -> tuple[jax.Array, int]:
@@ -135,13 +146,15 @@ def evaluate(state: steps.TrainState, data: Data, *, batch_size: int,
 
 
 def evaluate_members(states: steps.TrainState, data: Data, *, batch_size: int,
-                     axis_name: str | None = None) -> tuple[steps.Metrics, steps.Metrics]:
+                     axis_name: str | None = None,
+                     member_axis: str | None = None) -> tuple[steps.Metrics, steps.Metrics]:
   """Metric sums of members stacked [M], each member's [M], and of their ensemble (the mean of
-  their class probabilities), over the same batches as `evaluate`."""
+  their class probabilities), over the same batches as `evaluate`; split over `member_axis`, this
+  device's members' sums, and the ensemble of all."""
   def score(batch, mask):
     members = jax.vmap(steps.eval_step, in_axes=(0, None, None))(states, batch, mask)
-    ensemble = steps.batch_metrics(steps.ensemble_logits(states, batch['image']), batch['label'],
-                                   mask)
+    ensemble = steps.batch_metrics(steps.ensemble_logits(states, batch['image'], member_axis),
+                                   batch['label'], mask)
     return members, ensemble
 
   return _score_all(data, batch_size, axis_name, score)

@@ -91,13 +91,18 @@ def predict_step(state: TrainState, images: jax.Array) -> jax.Array:
   return state.model()(images)
 
 
-def ensemble_logits(state: TrainState, images: jax.Array) -> jax.Array:
+def ensemble_logits(state: TrainState, images: jax.Array,
+                    member_axis: str | None = None) -> jax.Array:
   """A lone model's logits; for members stacked [M] (a vector step), the log of their mean class
-  probabilities: the ensemble's, which softmax and argmax read as they read logits."""
+  probabilities: the ensemble's, which softmax and argmax read as they read logits. With the
+  members split over `member_axis`, the mean of every shard's."""
   if state.step.ndim == 0:
     return predict_step(state, images)
   members = jax.vmap(predict_step, in_axes=(0, None))(state, images)
-  return jnp.log(jnp.mean(jax.nn.softmax(members, axis=-1), axis=0))
+  if member_axis is None:
+    return jnp.log(jnp.mean(jax.nn.softmax(members, axis=-1), axis=0))
+  total = jax.lax.psum(jnp.sum(jax.nn.softmax(members, axis=-1), axis=0), member_axis)
+  return jnp.log(total / (members.shape[0] * jax.lax.axis_size(member_axis)))
 
 
 def eval_step(state: TrainState, batch: Batch, mask: jax.Array) -> Metrics:

@@ -175,6 +175,14 @@ def on_devices(count: int) -> dict[str, str]:
   return {'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': flags.strip()}
 
 
+def run_probe(module: str, out: pathlib.Path, devices: int = 8) -> tuple[dict, str, pathlib.Path]:
+  """`python -m MODULE OUT` on `devices` simulated devices: its OUT/probe.json, stdout and OUT."""
+  result = subprocess.run([sys.executable, '-m', module, str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **on_devices(devices)})
+  assert result.returncode == 0, result.stderr
+  return json.loads((out / 'probe.json').read_text()), result.stdout, out
+
+
 TRAIN_COUNT, EVAL_COUNT = 4096, 2000  # Images trained per epoch and scored in the parallel tests.
 
 

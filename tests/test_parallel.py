@@ -4,7 +4,6 @@ The multi-device cases run in one process with 8 simulated CPU devices (tests/pa
 the count is fixed when JAX starts, and the flag slows single-device code.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 from errors import ConfigError, UserError
 from tests.conftest import (EVAL_COUNT, ROOT, TRAIN_COUNT, assert_same_numbers, make_config,
-                            member_records, on_devices, read_metrics)
+                            member_records, on_devices, read_metrics, run_probe)
 from tests.parallel_probe import MEMBER_MODES, RESUME_MARK, RESUMES, SETTINGS
 from trainer import config_rules
 from trainer.plan import choose_mode
@@ -22,12 +21,7 @@ from trainer.plan import choose_mode
 @pytest.fixture(scope='module')
 def probe(tmp_path_factory, mnist_dir):
   """tests/parallel_probe.py once on 8 simulated devices: its report, stdout and output folder."""
-  out = tmp_path_factory.mktemp('probe')
-  result = subprocess.run([sys.executable, '-m', 'tests.parallel_probe', str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **on_devices(8)})
-  assert result.returncode == 0, result.stderr
-  return json.loads((out / 'probe.json').read_text()), result.stdout, out
+  return run_probe('tests.parallel_probe', tmp_path_factory.mktemp('probe'))
 
 
 @pytest.mark.slow

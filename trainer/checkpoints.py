@@ -31,6 +31,7 @@ from trainer import config_rules
 from trainer.host.boundary import Host
 from trainer.host.run_dir import RunDirectory
 from trainer.plan import Checkpointing, Plan
+from trainer.programs import gathers, to_host
 
 STATE, META = 'state', 'meta'
 META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpoints have.
@@ -357,8 +358,11 @@ class Checkpoints:
                                        lambda index: self._run_key[index])
     tree = saved_tree(state, rng)
     # A copy of our own, for process 0's hash: the next epoch takes over the state's buffers.
-    host_tree = jax.tree.map(np.array, jax.device_get(tree)) if self._host.primary else None
-    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API}, host_tree)
+    # Every process joins where members split over processes are gathered; process 0 keeps it.
+    host_tree = (jax.tree.map(np.array, to_host(tree)) if self._host.primary or gathers(tree) else
+                 None)
+    meta = _MetaSave({'epoch': epoch, 'config': self._config, 'model': MODEL_API},
+                     host_tree if self._host.primary else None)
     with self._saving():  # Orbax raises a failed background write at the next save.
       self._manager.save(epoch, force=True, args=ocp.args.Composite(
           **{STATE: ocp.args.PyTreeSave(tree), META: meta}))
@@ -444,7 +448,7 @@ class Checkpoints:
           epoch, args=ocp.args.Composite(**{STATE: args}))[STATE])
     except _Damaged as damage:
       return str(damage)
-    host = jax.device_get(tree)
+    host = to_host(tree)
     if fingerprint(host) != meta['fingerprint']:
       return 'its state differs from the fingerprint saved with it'
     if not np.array_equal(host['rng'], self._run_key):  # Intact, so written by other code.

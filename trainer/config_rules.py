@@ -27,7 +27,7 @@ CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_
 INTEGERS = {
     **{name: ('a positive integer', lambda n: n >= 1, 'N') for name in (
         'num_epochs', 'num_models', 'batch_size', 'eval_batch_size', 'checkpoint_every_epochs',
-        'max_checkpoints_to_keep')},
+        'max_checkpoints_to_keep', 'member_shards')},
     # jax.random.key keeps a seed's low 32 bits (64-bit integers off): 2**32 would rerun seed 0.
     'seed': (f'an integer from 0 to {2**32 - 1} (a JAX key holds 32 bits)',
              lambda n: 0 <= n < 2**32, '0'),
@@ -67,7 +67,7 @@ STRINGS = {'data.dir': ("a folder, or '' for the copy in data/mnist", "''"),
 FREE_FIELDS = frozenset({
     'num_epochs', 'eval_batch_size', 'eval_only', 'checkpoint_every_epochs',
     'checkpoint_min_seconds', 'max_checkpoints_to_keep', 'parallel', 'num_devices',
-    'profile_epoch', 'data.dir', 'data.tfds_data_dir', 'data.eval_split'})
+    'member_shards', 'profile_epoch', 'data.dir', 'data.tfds_data_dir', 'data.eval_split'})
 # Fields newer than some checkpoints, with the value those checkpoints were trained with.
 DEFAULTS_OF_NEWER_FIELDS = {
     'dtype': 'float32', 'label_smoothing': 0.0, 'num_models': 1,

@@ -14,6 +14,7 @@ from trainer.host import backend
 from trainer.host.boundary import Host
 from trainer.members import label
 from trainer.plan import Plan, resolve
+from trainer.programs import to_host
 from trainer.run import Run, open_run, open_saved
 from trainer.host.run_dir import RunDirectory
 
@@ -24,7 +25,7 @@ def predict_logits(state: steps.TrainState, images: jax.Array | np.ndarray,
                    plan: Plan) -> np.ndarray:
   """Class logits [N, 10] of uint8 images [N, 784] on the host, as the evaluation makes them."""
   with jax.default_matmul_precision(plan.precision):
-    return np.asarray(jax.device_get(_predict(state, images, batch_size=plan.eval_batch_size)))
+    return np.asarray(to_host(_predict(state, images, batch_size=plan.eval_batch_size)))
 
 
 def ensemble_of(plan: Plan) -> str:

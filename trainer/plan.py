@@ -5,6 +5,7 @@ checkpoint saves)."""
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -23,10 +24,13 @@ from trainer import config_fields
 from trainer.members import Member, grid
 
 AXIS = 'data'  # The mesh axis that batches are split over and gradients averaged over.
+MEMBERS = 'members'  # The mesh axis that members are split over (member_shards > 1): no collective.
 
 
-def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_count: int) -> str:
-  """'jit', 'mesh' or 'pmap' for the config on this many devices and processes, or a UserError."""
+def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_count: int,
+                member_count: int = 0) -> str:
+  """'jit', 'mesh' or 'pmap' for the config on this many devices and processes (and members), or a
+  UserError."""
   wanted, mode = config.num_devices, config.parallel
   if wanted and wanted != device_count:
     raise ConfigError('num_devices', f'must match the {device_count} '
@@ -39,20 +43,59 @@ def choose_mode(config: ml_collections.ConfigDict, device_count: int, process_co
   if mode == 'jit' and wanted > 1:
     raise ConfigError('parallel', 'must be mesh or pmap (or auto) to train on '
                       f'num_devices={wanted}', mode, 'mesh')
+  shards = member_shards(config, mode, device_count, member_count)
   if mode != 'jit':
+    over = device_count // shards  # The devices that split each batch: the `data` axis.
+    whose = " (each member shard's)" if shards > 1 else ''
     for name in ('batch_size', 'eval_batch_size'):
-      if config[name] % device_count:
-        multiple = -(-config[name] // device_count) * device_count
-        raise ConfigError(name, f'must divide evenly over {device_count} devices', config[name],
+      if config[name] % over:
+        multiple = -(-config[name] // over) * over
+        raise ConfigError(name, f'must divide evenly over {over} devices{whose}', config[name],
                           str(multiple))
   return mode
 
 
-def make_mesh(mode: str) -> Mesh:
-  """The `data` axis over every device of every process; one device for jit."""
+def member_shards(config: ml_collections.ConfigDict, mode: str, device_count: int,
+                  member_count: int) -> int:
+  """The size of the mesh's `members` axis, config.member_shards, where it can spread the members
+  over the devices; a ConfigError where it cannot."""
+  shards = config.member_shards
+  if shards == 1:
+    return 1
+  if not member_count:
+    raise ConfigError('member_shards', 'spreads the models of a run of several (num_models > 1 or '
+                      'a sweep) over the devices, and this run trains one', shards, '1')
+  fit = str(math.gcd(device_count, member_count))  # Divides both counts.
+  if device_count % shards:
+    raise ConfigError('member_shards', f'must divide the {device_count} '
+                      f'device{"s" if device_count > 1 else ""} present', shards, fit)
+  if member_count % shards:
+    raise ConfigError('member_shards', f'must divide the {member_count} models of the run', shards,
+                      fit)
+  if mode != 'mesh':
+    raise ConfigError('parallel', f'must be mesh (or auto) to spread the models over the devices '
+                      f'(member_shards={shards})', mode, 'mesh')
+  return shards
+
+
+def make_mesh(mode: str, shards: int = 1) -> Mesh:
+  """The `data` axis over every device of every process; one device for jit. Of `shards` > 1
+  member shards, a `members` axis of that size beside it, `data` over the devices of each shard."""
   devices = jax.devices()[:1] if mode == 'jit' else jax.devices()
   # Auto axes, as Mesh's own default: the epochs are written for them, not for explicit sharding.
-  return jax.make_mesh((len(devices),), (AXIS,), (AxisType.Auto,), devices=devices)
+  if shards == 1:
+    return jax.make_mesh((len(devices),), (AXIS,), (AxisType.Auto,), devices=devices)
+  return jax.make_mesh((shards, len(devices) // shards), (MEMBERS, AXIS), (AxisType.Auto,) * 2,
+                       devices=devices)
+
+
+def axes_of(mode: str, mesh: Mesh) -> tuple[str | None, str | None]:
+  """The mesh axes an epoch maps over: the one that splits the batches (None on one device), and
+  the one that splits the members (None: every device holds them all). Members one shard per device
+  leave no batch to split: no axis, and no collective in a step."""
+  if MEMBERS not in mesh.axis_names:
+    return None if mode == 'jit' else AXIS, None
+  return AXIS if mesh.shape[AXIS] > 1 else None, MEMBERS
 
 
 class Recipe(NamedTuple):
@@ -92,14 +135,14 @@ def recipe_of(config: ml_collections.ConfigDict, members: Sequence[Member],
                 optim.make_injected_optimizer(config.optimizer, unit, config.momentum), injected)
 
 
-def epoch_spec(config: ml_collections.ConfigDict, members: Sequence[Member],
-               axis: str | None) -> passes.EpochSpec:
+def epoch_spec(config: ml_collections.ConfigDict, members: Sequence[Member], axis: str | None,
+               member_axis: str | None = None) -> passes.EpochSpec:
   """The one map from a config and its members to how an epoch trains: its batches, augmentation
-  and loss."""
+  and loss, and the mesh axes that split the batches and the members."""
   return passes.EpochSpec(
       config.batch_size, config.data.max_shift, augment.Distortion(**config.data.distort), axis,
       own_values(config, members, 'label_smoothing') or config.label_smoothing,
-      own_values(config, members, 'model.dropout_rate'))
+      own_values(config, members, 'model.dropout_rate'), member_axis)
 
 
 def keys_of(seed: int, members: Sequence[Member]) -> tuple[jax.Array, jax.Array]:
@@ -142,14 +185,17 @@ def resolve(config: ml_collections.ConfigDict, members: Sequence[Member] | None 
             one_device: bool = False) -> Plan:
   """The plan of a checked config on the devices here (on one device, to classify with a run); its
   members `members`, or its sweep's grid. A UserError where the config and the devices disagree."""
-  mode = 'jit' if one_device else choose_mode(config, jax.device_count(), jax.process_count())
   members = grid(config) if members is None else tuple(members)
+  mode = 'jit' if one_device else choose_mode(config, jax.device_count(), jax.process_count(),
+                                               len(members))
+  mesh = make_mesh(mode, 1 if one_device else member_shards(config, mode, jax.device_count(),
+                                                            len(members)))
   steps = batches.whole_batches(parse_split(config.data.train_split).size, config.batch_size)
   return Plan(
-      config_fields.flat_config(config), mode, make_mesh(mode), members,
+      config_fields.flat_config(config), mode, mesh, members,
       tuple(dict.fromkeys(name for member in members for name in member.values)), steps,
-      recipe_of(config, members, steps), epoch_spec(config, members, None if mode == 'jit' else
-                                                    AXIS),
+      recipe_of(config, members, steps),
+      epoch_spec(config, members, *axes_of(mode, mesh)),
       keys_of(config.seed, members), config.num_epochs, config.eval_batch_size,
       config.matmul_precision, config.dtype, config.seed, config.profile_epoch, config.data,
       Checkpointing(config.checkpoint_every_epochs, config.checkpoint_min_seconds,

@@ -9,12 +9,16 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples
 from errors import During
 from mlp import optim, passes, steps
-from trainer.plan import AXIS, Plan, Recipe
+from trainer.plan import AXIS, MEMBERS, Plan, Recipe
+
+
+Specs = tuple[Any, Any]  # A pass's in_specs and out_specs on the mesh.
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -32,8 +36,34 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   return jax.tree.map(to_mesh, tree)
 
 
-def _compile(per_device: Callable, plan: Plan, args: tuple, donate: bool) -> Callable:
-  """The per-device function as one compiled program for the plan's mesh: replicated in and out."""
+def _here(leaf: jax.Array) -> bool:
+  """Whether this process holds all of a global array: on its devices alone, or a copy on each."""
+  return leaf.is_fully_addressable or leaf.sharding.is_fully_replicated
+
+
+def gathers(tree: Any) -> bool:
+  """Whether `to_host` of global arrays gathers across processes: then every process calls it."""
+  return not all(_here(leaf) for leaf in jax.tree.leaves(tree))
+
+
+def to_host(tree: Any) -> Any:
+  """Global arrays as host values; one split over the devices of several processes gathered to
+  every process (a collective: `gathers`)."""
+  return jax.tree.map(lambda leaf: jax.device_get(leaf) if _here(leaf) else
+                      multihost_utils.process_allgather(leaf, tiled=True), tree)
+
+
+def state_spec(plan: Plan) -> P:
+  """Where the state lies on the mesh: its members split over the `members` axis, or the whole
+  state on every device."""
+  return P(MEMBERS) if plan.spec.member_axis else P()
+
+
+def _compile(per_device: Callable, plan: Plan, args: tuple, specs: Specs, *,
+             donate: bool) -> Callable:
+  """The per-device function as one compiled program for the plan's mesh: under jit and pmap
+  replicated in and out, under mesh as `specs` (in_specs, out_specs) lay its arguments and
+  results."""
   mode, mesh = plan.mode, plan.mesh
   donated = (0,) if donate else ()
   if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
@@ -47,7 +77,7 @@ def _compile(per_device: Callable, plan: Plan, args: tuple, donate: bool) -> Cal
     # check_vma=False keeps pmap's meaning of the per-device code: jax.grad of replicated params
     # is each device's own gradient, which train_step averages with pmean. (With varying-axis
     # checks, grad would already sum over devices, and the pmean would leave Adam's moments 8x.)
-    per_device = jax.shard_map(per_device, mesh=mesh, in_specs=P(), out_specs=P(),
+    per_device = jax.shard_map(per_device, mesh=mesh, in_specs=specs[0], out_specs=specs[1],
                                check_vma=False)
   return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
 
@@ -66,13 +96,14 @@ def create_state(recipe: Recipe, key: jax.Array) -> steps.TrainState:
 
 
 def state_template(plan: Plan) -> steps.TrainState:
-  """The plan's state (of its members stacked) as shapes, dtypes and replicated sharding on its
-  mesh, computed without creating it (jax.eval_shape): what a fresh state fills, a checkpoint
-  restores into and the programs compile for (their optimizer is the recipe's)."""
+  """The plan's state (of its members stacked) as shapes, dtypes and sharding on its mesh
+  (replicated, or its members split: `state_spec`), computed without creating it (jax.eval_shape):
+  what a fresh state fills, a checkpoint restores into and the programs compile for (their
+  optimizer is the recipe's)."""
   count = len(plan.members)
   keys = jax.random.split(jax.random.key(0), count) if count else jax.random.key(0)
   abstract = jax.eval_shape(functools.partial(create_state, plan.recipe), keys)
-  sharding = NamedSharding(plan.mesh, P())
+  sharding = NamedSharding(plan.mesh, state_spec(plan))
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                       abstract)
 
@@ -104,9 +135,9 @@ class Programs:
   @During('training')  # The parameters and optimizer state of every member.
   def fresh_state(self) -> steps.TrainState:
     """Step 0 of the run, on the mesh."""
-    # One compiled program, its result born replicated on the mesh (eager init takes seconds).
+    # One compiled program, its result born where the template lies (eager init takes seconds).
     create = jax.jit(functools.partial(create_state, self.plan.recipe),
-                     out_shardings=NamedSharding(self.plan.mesh, P()))
+                     out_shardings=NamedSharding(self.plan.mesh, state_spec(self.plan)))
     return create(self.plan.keys[0])
 
   @During('training')
@@ -118,13 +149,13 @@ class Programs:
     with jax.transfer_guard_host_to_device('allow'):  # The epoch's one transfer, asked for.
       number_on_mesh = replicate(np.int32(number), self.plan.mesh)
     state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
-    return state, figures(jax.device_get(sums))
+    return state, figures(to_host(sums))
 
   @During('evaluating')
   def evaluate(self, state: steps.TrainState) -> dict[str, Any]:
     """The eval split's mean loss and accuracy for `state`; of members, also each one's and their
     ensemble's (`ensemble_loss`, `ensemble_accuracy`)."""
-    sums = jax.device_get(self.eval_program(state, self.eval_data))
+    sums = to_host(self.eval_program(state, self.eval_data))
     if isinstance(sums, dict):
       return figures(sums)
     members, ensemble = sums
@@ -137,6 +168,22 @@ class Programs:
     return np.asarray(self.plan.recipe.schedule(epoch * self.plan.steps_per_epoch - 1)).tolist()
 
 
+def _passes(plan: Plan) -> tuple[tuple[Callable, Specs], tuple[Callable, Specs]]:
+  """The plan's training and evaluation passes, each with the specs that lay it on the mesh: of
+  members split over it, the state, run keys and members' sums split, the rest whole."""
+  size, axis = plan.eval_batch_size, plan.spec.axis_name
+  if not plan.members:
+    return ((functools.partial(passes.train_epoch, spec=plan.spec), (P(), P())),
+            (functools.partial(passes.evaluate, batch_size=size, axis_name=axis), (P(), P())))
+  split = state_spec(plan)
+  whole = not plan.spec.member_axis  # Replicated in and out, as one spec for all.
+  return ((functools.partial(passes.train_members, spec=plan.spec),
+           (P(), P()) if whole else ((split, P(), split, P()), (split, split))),
+          (functools.partial(passes.evaluate_members, batch_size=size, axis_name=axis,
+                             member_axis=plan.spec.member_axis),
+           (P(), P()) if whole else ((split, P()), (split, P()))))
+
+
 def compile_programs(plan: Plan, train: Examples | None, eval_examples: Examples) -> Programs:
   """The plan's passes: data on the mesh, the programs compiled ahead (so that epochs time training
   alone); without `train`, the evaluation alone."""
@@ -144,18 +191,15 @@ def compile_programs(plan: Plan, train: Examples | None, eval_examples: Examples
   run_key, template = replicate(plan.keys[1], mesh), state_template(plan)
   on_mesh = lambda examples: replicate((examples.images, examples.labels), mesh)
   train_data, eval_data = on_mesh(train) if train is not None else None, on_mesh(eval_examples)
+  (train_pass, train_specs), (eval_pass, eval_specs) = _passes(plan)
   with jax.default_matmul_precision(plan.precision):  # Fixed when the programs compile.
     train_program = None
     if train_data is not None:
       number = jax.ShapeDtypeStruct((), np.int32, sharding=NamedSharding(mesh, P()))
       with During('training'):  # A GPU's compiler tries kernels in device memory.
-        train_program = _compile(functools.partial(
-            passes.train_members if plan.members else passes.train_epoch, spec=plan.spec),
-                                 plan, (template, train_data, run_key, number), donate=True)
+        train_program = _compile(train_pass, plan, (template, train_data, run_key, number),
+                                 train_specs, donate=True)
     with During('evaluating'):
-      eval_program = _compile(functools.partial(
-          passes.evaluate_members if plan.members else passes.evaluate,
-          batch_size=plan.eval_batch_size, axis_name=plan.spec.axis_name), plan,
-                              (template, eval_data), donate=False)
+      eval_program = _compile(eval_pass, plan, (template, eval_data), eval_specs, donate=False)
   return Programs(plan, run_key, train_data, eval_data, template, train_program, eval_program,
                   time.perf_counter() - start)

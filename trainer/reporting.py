@@ -25,7 +25,7 @@ from trainer.host.boundary import Host
 from trainer.host.exits import this_command
 from trainer.host.run_dir import RunDirectory
 from trainer.members import command_of, label
-from trainer.plan import Plan
+from trainer.plan import AXIS, MEMBERS, Plan
 from trainer.programs import Programs
 
 METRICS_FILE = 'metrics.jsonl'
@@ -345,8 +345,12 @@ def placement(plan: Plan) -> str:
   """How and where the epochs run, for the log."""
   mode, mesh = plan.mode, plan.mesh
   across = f' in {jax.process_count()} processes' if jax.process_count() > 1 else ''
-  per_device = f', {plan.spec.batch_size // mesh.size} per device per step' if mode != 'jit' else ''
-  members = (f'; {len(plan.members)} models side by side ({_members_said(plan)})'
+  per_device = (f', {plan.spec.batch_size // mesh.shape[AXIS]} per device per step'
+                if mode != 'jit' else '')
+  shards = mesh.shape.get(MEMBERS, 1)
+  spread = (f', {len(plan.members) // shards} per device (member_shards={shards})' if shards > 1
+            else '')
+  members = (f'; {len(plan.members)} models side by side ({_members_said(plan)}){spread}'
              if plan.members else '')
   return (f'{mode} on {mesh.size} {jax.default_backend()} device{"s" if mesh.size > 1 else ""}'
           f'{across}{per_device}{members}')
