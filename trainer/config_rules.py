@@ -256,11 +256,15 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], checkpoint: 
   """Refuses to resume a checkpoint (named by `checkpoint`) trained with other numbers."""
   names = config_mismatches(saved, current)
   if names:
-    then = ', '.join(f'{name}={_show(saved.get(name))}' for name in names)
-    now = ', '.join(f'{name}={_show(current.get(name))}' for name in names)
+    then, now = named_values(saved, names), named_values(current, names)
     raise UserError(f'{checkpoint} was saved with {then}, but this run has {now}; rerun with the '
                     'checkpoint\'s values to resume it, or pass a new --workdir to start another '
                     'run')
+
+
+def named_values(flat: dict[str, Any], names: list[str]) -> str:
+  """Fields of a flat config as the user writes them: `num_epochs=3, sweep.learning_rate=(0.1,)`."""
+  return ', '.join(f'{name}={_show(flat.get(name))}' for name in names)
 
 
 def _show(value: Any) -> str:
