@@ -258,11 +258,12 @@ def search(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
 def _study(optuna: types.ModuleType, storage: Any, name: str, config: ml_collections.ConfigDict,
            run_dir: RunDirectory) -> Any:
   """The study, created with the config it searches where new; its sampler seeded by the config's
-  seed, the trials the study holds and the run directory, so that launches that join at once ask
-  different trials."""
+  seed, the trials the study holds and the run directory's name, so that launches that join at
+  once ask different trials, and a launch again in a folder of that name asks the same."""
   found = [study for study in storage.get_all_studies() if study.study_name == name]
   held = storage.get_n_trials(storage.get_study_id_from_name(name)) if found else 0
-  seed = int(np.random.SeedSequence([config.seed, held, zlib.crc32(run_dir.name.encode())])
+  folder = os.path.basename(run_dir.name.rstrip('/'))
+  seed = int(np.random.SeedSequence([config.seed, held, zlib.crc32(folder.encode())])
              .generate_state(1)[0])
   with _quiet(optuna):
     study = optuna.create_study(storage=storage, study_name=name, direction='maximize',
