@@ -107,7 +107,8 @@ def test_launches_with_their_own_run_directories_share_a_study_in_a_journal_file
   assert printed.startswith('trials 1: ')
   study = optuna.load_study(study_name='shared', storage=optuna.storages.JournalStorage(
       optuna.storages.journal.JournalFileBackend(str(tmp_path / 'study.log'))))
-  assert [trial.state.name for trial in study.trials] == ['COMPLETE', 'COMPLETE']
+  assert [trial.number for trial in study.trials] == [0, 1]
+  assert {trial.state.name for trial in study.trials} <= {'COMPLETE', 'PRUNED'}
   assert (tmp_path / 'first' / 'run.lock').exists() and (tmp_path / 'second').is_dir()
 
 
