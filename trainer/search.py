@@ -217,7 +217,10 @@ class Search:
 
   def to_ask(self) -> int:
     """How many trials this launch asks next: up to side_by_side, until the study holds `trials`
-    that are not failed (complete, pruned, or running in any launch; waiting ones are asked)."""
+    that are not failed (complete, pruned, or running in any launch; waiting ones are asked).
+    Trials whose heartbeat went stale (a launch killed) are failed first, and queued again."""
+    with _quiet(self.optuna):
+      self.optuna.storages.fail_stale_trials(self.study)
     counts = self.counted()
     held = sum(counts.get(state, 0) for state in ('COMPLETE', 'PRUNED', 'RUNNING'))
     return max(0, min(self.config.search.side_by_side, self.config.search.trials - held))
@@ -249,7 +252,6 @@ def search(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
       found.examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
     while asked := found.to_ask():
       with _quiet(optuna):
-        optuna.storages.fail_stale_trials(found.study)  # Those of a launch killed: asked again.
         batch = [found.study.ask() for _ in range(asked)]
       _train_batch(found, batch, storage)
     _report_end(found)

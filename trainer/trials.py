@@ -7,8 +7,11 @@ from typing import Any
 
 from trainer.members import command_of, label
 
-# The order of states in the table: the finished ones first, those that ended early after them.
-STATE_ORDER = ('COMPLETE', 'PRUNED', 'RUNNING', 'WAITING', 'FAIL')
+# The order of states in the table (the finished ones first, those that ended early after them),
+# and each one's word in the table's count.
+STATE_WORDS = {'COMPLETE': 'complete', 'PRUNED': 'pruned', 'RUNNING': 'running',
+               'WAITING': 'waiting', 'FAIL': 'failed'}
+STATE_ORDER = tuple(STATE_WORDS)
 
 
 def _value(trial: Any) -> float | None:
@@ -30,7 +33,7 @@ def table(trials: Sequence[Any], num_epochs: int) -> list[str]:
   """A line per trial, best first (complete, then pruned, by value): its number, state, value (the
   mean eval accuracy of its members at its last epoch), epochs trained and values."""
   counts = {state: sum(t.state.name == state for t in trials) for state in STATE_ORDER}
-  said = ', '.join(f'{count} {state.lower()}' for state, count in counts.items() if count)
+  said = ', '.join(f'{count} {STATE_WORDS[state]}' for state, count in counts.items() if count)
   lines = [f'trials by eval accuracy ({said}):', '  trial  state     value    epochs  values']
   for trial in sorted(trials, key=_rank):
     value = _value(trial)
