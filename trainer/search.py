@@ -246,8 +246,7 @@ def search(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
     found = Search(optuna, config, _study(optuna, storage, name, config, run_dir), host, run_dir,
                    lock)
     if not found.to_ask():
-      found.say(f'the study {name} in {url} already holds its {config.search.trials} trials; '
-                'nothing to train')
+      found.say(_nothing_to_train(found, name, url))
     else:
       found.examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
     while asked := found.to_ask():
@@ -255,6 +254,17 @@ def search(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
         batch = [found.study.ask() for _ in range(asked)]
       _train_batch(found, batch, storage)
     _report_end(found)
+
+
+def _nothing_to_train(found: Search, name: str, url: str) -> str:
+  """A launch's line when the study holds its trials already: finished, or some still running."""
+  said = f'the study {name} in {url} already holds its {found.config.search.trials} trials'
+  running = found.counted().get('RUNNING', 0)
+  if not running:
+    return f'{said}; nothing to train'
+  return (f'{said}, {running} of them running: in another launch, or in one that was killed '
+          f'(in an RDB storage their heartbeat stops, and {GRACE_S} s later a launch trains them '
+          'again); nothing to train now')
 
 
 def _study(optuna: types.ModuleType, storage: Any, name: str, config: ml_collections.ConfigDict,
