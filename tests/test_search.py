@@ -21,12 +21,12 @@ SEARCHED = dict(search__learning_rate=(1e-3, 1e-2), search__model__dropout_rate=
 
 
 def run_search(workdir, storage: str | None = None, study: str | None = None,
-               **overrides) -> str:
+               host: Recorder | None = None, **overrides) -> str:
   """Searches the members' settings with the overrides in `workdir`; returns what it printed."""
   printed = io.StringIO()
   with contextlib.redirect_stdout(printed):
     search.search(make_config(**{**SETTINGS, **SEARCHED, **overrides}), RunDirectory(workdir),
-                  Recorder(), storage, study)
+                  host or Recorder(), storage, study)
   return printed.getvalue()
 
 
@@ -110,6 +110,25 @@ def test_launches_with_their_own_run_directories_share_a_study_in_a_journal_file
   assert [trial.number for trial in study.trials] == [0, 1]
   assert {trial.state.name for trial in study.trials} <= {'COMPLETE', 'PRUNED'}
   assert (tmp_path / 'first' / 'run.lock').exists() and (tmp_path / 'second').is_dir()
+
+
+@pytest.mark.slow  # A batch stopped, then trained again: about 30 s.
+def test_a_search_stopped_by_a_signal_trains_its_trials_again_with_their_values(tmp_path,
+                                                                               mnist_dir):
+  workdir = tmp_path / 'run'
+  said = line_of(lambda: run_search(workdir, host=Recorder(stop_after=1), search__pruner='none'))
+  assert said.startswith('stopped by SIGTERM after epoch 1; trials 0, 1 were told failed and are '
+                         'queued to train again from their start: the same command goes on with '
+                         'the study: ')
+  stopped = study_of(workdir).trials
+  assert [trial.state.name for trial in stopped] == ['FAIL', 'FAIL', 'WAITING', 'WAITING']
+  printed = run_search(workdir, search__pruner='none')
+  assert printed.startswith('trials 2, 3: ')
+  again = study_of(workdir).trials[2:]
+  assert [trial.params for trial in again] == [trial.params for trial in stopped[:2]]
+  assert [trial.intermediate_values[1] for trial in again] == [
+      trial.intermediate_values[1] for trial in stopped[:2]]  # The same first epoch, bit for bit.
+  assert {trial.state.name for trial in again} == {'COMPLETE'}
 
 
 # --- Bad input: one line each, nothing written -----------------------------------------------

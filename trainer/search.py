@@ -35,8 +35,8 @@ from trainer.run_dir import RunDirectory
 from trainer.run_lock import RunLock
 
 STUDY_FILE = 'study.db'  # The default storage: SQLite, in the run directory.
-JOURNAL = 'journal:'
-POSTGRESQL = 'postgresql'  # --search_storage=journal:PATH: Optuna's journal file at PATH.
+JOURNAL = 'journal:'  # --search_storage=journal:PATH: Optuna's journal file at PATH.
+POSTGRESQL = 'postgresql'  # A URL's scheme that names no driver: psycopg2's, the extra's.
 # A running trial's heartbeat (RDB storages): recorded every HEARTBEAT_S seconds; a trial without
 # one for GRACE_S is failed by the next launch that asks, and asked again.
 HEARTBEAT_S, GRACE_S = 10, 60
@@ -185,8 +185,12 @@ class Heartbeat:
     return self
 
   def check(self) -> None:
+    """Raises, as the user's line, what stopped the heartbeat's thread, if anything did."""
     if self._error is not None:
-      raise self._error
+      raise UserError(f'the study storage stopped answering the trials\' heartbeat '
+                      f'({type(self._error).__name__}: {error_reason(self._error)}); the running '
+                      f'trials go stale, and the same command trains them again once the storage '
+                      'answers') from self._error
 
   def __exit__(self, *exc_info: Any) -> None:
     self._stop.set()
