@@ -8,7 +8,7 @@ import sys
 from absl import flags
 
 from errors import During, UsageError
-from trainer.host import nowhere
+from trainer.host.exits import nowhere
 
 HELP_FLAGS = frozenset({'--help', '--helpshort', '--helpfull', '-h', '-?', '--helpxml'})
 

@@ -1,5 +1,5 @@
 """Errors a user can act on, and what the program was doing when a fault met it: the library raises
-and marks them, trainer/faults.py words each as the user's one line."""
+and marks them, trainer/host/faults.py words each as the user's one line."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import contextlib
 import dataclasses
 import os
 import shlex
+import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -32,6 +34,21 @@ class ConfigError(UserError):
     super().__init__(f'{field} {constraint}, got {value!r}')
     self.field = field
     self.fix = fix  # A value to pass instead, or the form one takes.
+
+
+class ExtraMissing(Exception):
+  """A library of an extra that `make train` leaves out, which what the user asked for needs, raised
+  from the ImportError; its arguments: what was asked, the library, how to install it, and what to
+  do instead that needs no extra."""
+
+
+class Stopped(Exception):
+  """A run that a signal stopped at an epoch's end, once that epoch's checkpoint is saved."""
+
+  def __init__(self, signal_name: str, epoch: int, directory: str):
+    super().__init__(f'stopped by {signal_name} after epoch {epoch}, whose checkpoint is saved in '
+                     f'{directory}')
+    self.exit_status = 128 + signal.Signals[signal_name].value  # The shell's status for it.
 
 
 class SaveFailed(Exception):
@@ -98,6 +115,12 @@ def first_cause(error: BaseException,
                 matches: Callable[[BaseException], bool]) -> BaseException | None:
   """The outermost of `error`'s causes that `matches` (None if none does): libraries wrap them."""
   return next((cause for cause in causes(error) if matches(cause)), None)
+
+
+def kinds_of(module: str, *names: str) -> tuple[type, ...]:
+  """Exception classes of a library imported already (none if it is not: no error is of its)."""
+  loaded = sys.modules.get(module)
+  return tuple(getattr(loaded, name) for name in names) if loaded else ()
 
 
 def first_line(text: str) -> str:

@@ -4,8 +4,8 @@ import os
 import sys
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer import host as host_lib
-  HOST = host_lib.start('stopped by {signal}; nothing was exported')
+  from trainer.host import boundary
+  HOST = boundary.start('stopped by {signal}; nothing was exported')
 
 # pylint: disable=wrong-import-position
 from absl import flags
@@ -13,7 +13,8 @@ from absl import flags
 from command import define_member_flag, parse_tool_flags
 from errors import UsageError, shown
 from serving.folder import FILES, MANIFEST, OutFolder
-from trainer.host import Host, say
+from trainer.host.boundary import Host, Phase
+from trainer.host.exits import say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -67,12 +68,12 @@ def main(argv: list[str], host: Host) -> None:
   from serving import artifacts
   artifacts.require_extras(formats)  # Before the checkpoint is read.
   from trainer import evaluation
-  from trainer.run_dir import RunDirectory
+  from trainer.host.run_dir import RunDirectory
   workdir = RunDirectory(given)
   plan, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   # From here a signal unwinds, so that the staged copy is removed and an export there stays.
-  host.unwind_on_signals('stopped by {signal} while writing the export; rerun the same command to '
-                         'export the run')
+  host.phase(Phase.FINISHING, 'stopped by {signal} while writing the export; rerun the same '
+             'command to export the run')
   with out.staged() as staging:
     sizes = artifacts.write(restored.state, plan.precision, formats, staging,
                             {'run': str(workdir), 'epoch': restored.epoch,
@@ -80,10 +81,9 @@ def main(argv: list[str], host: Host) -> None:
                              'classifier': which.removeprefix(', ') or 'the run\'s one model'})
     # A signal waits while the files move into --out (a stop there would leave an old export part
     # gone, the new one part there); then the export, whole, is said, and the signal ends it.
-    waiting = host.hold_signals()
-  host.end_quietly()
+    host.phase(Phase.COMMITTING)
+  host.phase(Phase.ENDING)
   report(out, sizes, restored.epoch, str(workdir), which)
-  host.end_if_signalled(waiting)
 
 
 if __name__ == '__main__':

@@ -50,3 +50,21 @@ JAX_CACHE_TROUBLE = re.compile(r'Error (reading|writing) persistent compilation 
 PEER_LOST = re.compile(r'Gloo|[Cc]onnection (reset|closed|refused)|Socket closed|UNAVAILABLE|'
                        r'heartbeat|[Bb]arrier')
 JAX_ABORT = b'Terminating process because the JAX distributed service detected fatal errors'
+# JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
+# backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
+# JAX_PLATFORMS='' to automatically choose an available backend)"; where it is unset, "(you may need
+# to uninstall the failing plugin package, or set JAX_PLATFORMS=cpu to skip this backend.)".
+BACKEND_CANNOT_START = re.compile(
+    r"Unable to initialize backend '([^']+)': (.*?)"
+    r"(?: \((?:set JAX_PLATFORMS=|you may need to uninstall the failing plugin).*)?$", re.S)
+# Its words when the TPU failed where JAX_PLATFORMS is unset (JAX then runs on the CPU, saying so
+# in a warning only) and `jax.devices('tpu')` asks for it: "Backend 'tpu' failed to initialize:
+# ABORTED: The TPU is already in use by process with pid 2718. Not attempting to load libtpu.so in
+# this process.. Available backends are ['cpu']".
+TPU_FAILED_QUIETLY = re.compile(
+    r"Backend 'tpu' failed to initialize: (.*?)\.*\s*Available backends")
+# And for a backend it has no plugin for: "Backend 'rocm' is not in the list of known backends:
+# ['cpu', 'tpu']."
+BACKEND_UNKNOWN = re.compile(r"not in the list of known backends: \[([^\]]*)\]")
+# The reasons among them that say another process holds the device, and that libtpu is missing.
+BACKEND_HELD, TPU_HELD, BACKEND_LIBTPU = 'in use', 'already in use', 'libtpu'

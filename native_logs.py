@@ -7,6 +7,10 @@ import os
 import sys
 from typing import Any
 
+# How to install TensorFlow, an extra that `make train` leaves out.
+TENSORFLOW_EXTRA = ('pip install -r requirements/tfds.txt (TensorFlow has wheels for Python 3.11 '
+                    'to 3.13)')
+
 
 class native_stderr_muted:  # pylint: disable=invalid-name; used as a function's context
   """Keeps other libraries' C++ logs off the user's lines while entered: they write to file

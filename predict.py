@@ -6,8 +6,8 @@ import sys
 import warnings
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer import host as host_lib
-  HOST = host_lib.start('stopped by {signal}; rerun the same command to classify the images')
+  from trainer.host import boundary
+  HOST = boundary.start('stopped by {signal}; rerun the same command to classify the images')
 
 # pylint: disable=wrong-import-position
 import numpy as np
@@ -15,7 +15,8 @@ from absl import flags
 
 from command import define_member_flag, parse_tool_flags
 from errors import During, UsageError, UserError, shown
-from trainer.host import Host, say
+from trainer.host.boundary import Host, Phase
+from trainer.host.exits import error_line, say
 
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory of a trained run (train.py\'s --workdir); its newest '
@@ -116,13 +117,10 @@ def report(files: list[str], probabilities: np.ndarray, as_json: bool) -> None:
   width = max(len(path) for path in files)
   for path, row in zip(files, probabilities):
     first, second = (int(d) for d in row.argsort()[::-1][:2])
-    if as_json:
-      say(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
-                      'runner_up': second, 'runner_up_probability': float(row[second])}),
-          sys.stdout)
-    else:
-      say(f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}',
-          sys.stdout)
+    say(json.dumps({'file': path, 'digit': first, 'probability': float(row[first]),
+                    'runner_up': second, 'runner_up_probability': float(row[second])}) if as_json
+        else f'{path:<{width}}  {first}  {row[first]:6.1%}   runner-up {second} {row[second]:6.1%}',
+        sys.stdout)
 
 
 def main(argv: list[str], host: Host) -> None:
@@ -130,22 +128,21 @@ def main(argv: list[str], host: Host) -> None:
   files, digits, unread = read_digits(image_files(argv[1:]))
   if not files:  # Nothing to classify: said at once, before JAX loads.
     for line in unread[:-1]:
-      say(f'error: {line}', sys.stderr)
+      say(error_line(line), sys.stderr)
     raise UserError(unread[-1])
   os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
   # pylint: disable=g-import-not-at-top; after the flags and the images, which need none of it
   from trainer import evaluation
-  from trainer.run_dir import RunDirectory
+  from trainer.host.run_dir import RunDirectory
   workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
   plan, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
   report(files, evaluation.probabilities(plan, restored, digits), _JSON.value)
-  host.end_quietly()  # Every image is classified and said: a signal now only ends it.
+  host.phase(Phase.ENDING)  # Every image is classified and said: a signal now only ends it.
   for line in unread:
-    say(f'error: {line}', sys.stderr)
+    say(error_line(line), sys.stderr)
   left_out = f'; left out {len(unread)} that could not be read, each said above' if unread else ''
   print(f'classified {len(files)} image{"s" if len(files) > 1 else ""} with the checkpoint of '
-        f'epoch {restored.epoch} in {workdir}{which}{left_out}',
-        file=sys.stderr)
+        f'epoch {restored.epoch} in {workdir}{which}{left_out}', file=sys.stderr)
   sys.exit(1 if unread else 0)
 
 

@@ -3,8 +3,8 @@
 import os
 
 if __name__ == '__main__':  # A Ctrl-C or SIGTERM, or a library missing: one line, no traceback.
-  from trainer import host as host_lib
-  HOST = host_lib.start('stopped by {signal} while starting; nothing was written')
+  from trainer.host import boundary
+  HOST = boundary.start('stopped by {signal} while starting; nothing was written')
 
 # pylint: disable=wrong-import-position
 from ml_collections import config_flags
@@ -13,7 +13,7 @@ from absl import flags
 from command import parse_or_help
 from errors import UsageError, shown
 from trainer.config_file import ConfigFileParser, pass_a_config
-from trainer.host import Host, Launch
+from trainer.host.boundary import Host, Phase
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None,
@@ -88,12 +88,14 @@ def main(argv: list[str], host: Host) -> None:
   if _PRINT_CONFIG.value:
     host.say('\n'.join(config_fields.flag_lines(config)))  # `| head` is fine.
     return
-  host.interrupt_at_once()  # The run's from here on: a Ctrl-C ends it, its lock released.
+  host.phase(Phase.RUNNING)  # The run's from here on: a Ctrl-C ends it, its lock released.
   # gs:// run directories through gcsfs (fsspec), the tested path, not tf.io.gfile: no TensorFlow.
   os.environ.setdefault('EPATH_USE_TF', 'false')
-  from trainer import backend, compile_cache, evaluation, loop
+  from trainer import evaluation, loop
+  from trainer.host import backend, compile_cache
+  from trainer.host.peers import Launch
+  from trainer.host.run_dir import RunDirectory
   from trainer.plan import resolve
-  from trainer.run_dir import RunDirectory
   run_dir = RunDirectory(_WORKDIR.value or default_workdir(), _LOCK_STALE_AFTER.value)
   config_rules.validate(config)  # Before any computation, which JAX's joining must precede.
   host.join(Launch(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
@@ -103,7 +105,7 @@ def main(argv: list[str], host: Host) -> None:
     host.warn(note)
   compile_cache.enable(_COMPILATION_CACHE.value, host.warn)
   plan = resolve(config)  # The run resolved once: its devices checked before any work.
-  with host.finishing_epochs(), compile_cache.one_warning(host.warn):
+  with host.phase(Phase.EPOCHS), compile_cache.one_warning(host.warn):
     if config.search.trials:
       from trainer import search
       search.search(config, run_dir, host, _SEARCH_STORAGE.value, _SEARCH_STUDY.value)
@@ -111,7 +113,6 @@ def main(argv: list[str], host: Host) -> None:
       evaluation.evaluate_checkpoint(plan, run_dir, host)
     else:
       loop.train_and_evaluate(plan, run_dir, host)
-  host.end_quietly()  # The run's lines are out: a signal now only ends it.
 
 
 if __name__ == '__main__':

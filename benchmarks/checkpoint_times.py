@@ -32,9 +32,9 @@ from errors import UserError
 from mlp import steps
 from trainer import checkpoints as checkpoint
 from trainer import config_rules
+from trainer.host.boundary import Host
+from trainer.host.run_dir import RunDirectory
 from trainer.plan import resolve
-from trainer.run_dir import RunDirectory
-from trainer.host import Host
 
 REPEATS = flags.DEFINE_integer('repeats', 10, 'Measurements per figure (the median is shown).')
 LAUNCHES = flags.DEFINE_integer('launches', 5, 'train.py runs per cadence (the median is shown).',

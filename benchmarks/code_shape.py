@@ -1,12 +1,14 @@
 """The product's shape as counted from its files: lines by kind, fault handling, and the rules of
 docs/structure.md (one module for signals, exits and process 0; trainer/ free of the entry scripts'
-plumbing; functions of at most 40 lines and 5 parameters).
+plumbing; no import cycle; functions of at most 40 lines and 5 parameters).
 
   python -m benchmarks.code_shape            # the product: tracked *.py outside tests/, benchmarks/
   python -m benchmarks.code_shape --json     # the same as one JSON object
 
 Lines of code by Python's tokenize: a line that holds a token other than a comment, a docstring or
-white space.
+white space. A broad catch: `except Exception` (or BaseException, or bare) and
+`contextlib.suppress(Exception)`. A module in an import cycle: one that imports, directly or
+through others, a product module that imports it back (imports for type checking alone count).
 """
 
 import ast
@@ -21,7 +23,7 @@ from typing import Any
 from absl import flags
 
 from benchmarks.workload import parse_flags
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _JSON = flags.DEFINE_bool('json', False, 'The counts as one JSON object.')
 
@@ -75,11 +77,60 @@ def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
   return len([name for name in names if name not in ('self', 'cls')])
 
 
-def _is_broad(handler: ast.ExceptHandler) -> bool:
-  kind = handler.type
-  names = kind.elts if isinstance(kind, ast.Tuple) else [kind]
-  return kind is None or any(isinstance(n, ast.Name) and n.id in ('Exception', 'BaseException')
-                             for n in names)
+def _is_broad(node: ast.AST) -> bool:
+  """An except clause, or a contextlib.suppress call, that catches Exception or more."""
+  if isinstance(node, ast.ExceptHandler):
+    kind = node.type
+    if kind is None:
+      return True
+    names = kind.elts if isinstance(kind, ast.Tuple) else [kind]
+  elif isinstance(node, ast.Call) and ast.unparse(node.func).endswith('suppress'):
+    names = node.args
+  else:
+    return False
+  return any(isinstance(n, ast.Name) and n.id in ('Exception', 'BaseException') for n in names)
+
+
+def module_name(name: str) -> str:
+  """A file's module: trainer/host/peers.py -> trainer.host.peers."""
+  return name.removesuffix('.py').removesuffix('/__init__').replace('/', '.')
+
+
+def imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+  """The modules an import statement names: `from a import b` names a.b and a."""
+  if isinstance(node, ast.Import):
+    return [alias.name for alias in node.names]
+  base = node.module or ''
+  return [base, *(f'{base}.{alias.name}' for alias in node.names)]
+
+
+def modules_in_cycles(imports: dict[str, set[str]]) -> list[str]:
+  """The modules from which an import leads back to themselves (Tarjan's strongly connected
+  components of more than one module, or a module importing itself)."""
+  index: dict[str, int] = {}
+  low: dict[str, int] = {}
+  stack: list[str] = []
+  found: list[str] = []
+
+  def visit(module: str) -> None:
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    for other in sorted(imports[module]):
+      if other not in index:
+        visit(other)
+        low[module] = min(low[module], low[other])
+      elif other in stack:
+        low[module] = min(low[module], index[other])
+    if low[module] == index[module]:
+      component = stack[stack.index(module):]
+      del stack[stack.index(module):]
+      if len(component) > 1 or module in imports[module]:
+        found.extend(sorted(component))
+
+  for module in sorted(imports):
+    if module not in index:
+      visit(module)
+  return sorted(found)
 
 
 def shape_of(path: pathlib.Path, root: pathlib.Path = ROOT) -> dict[str, Any]:
@@ -89,12 +140,11 @@ def shape_of(path: pathlib.Path, root: pathlib.Path = ROOT) -> dict[str, Any]:
   name = str(path.relative_to(root))
   found: dict[str, Any] = {'lines': line_kinds(source, tree), 'try': 0, 'broad_except': 0,
                            'long': [], 'many_parameters': [], 'calls': collections.Counter(),
-                           'imports_command': False}
+                           'imports_command': False, 'imports': set()}
   for node in ast.walk(tree):
+    found['broad_except'] += _is_broad(node)
     if isinstance(node, ast.Try) or type(node).__name__ == 'TryStar':
       found['try'] += 1
-    elif isinstance(node, ast.ExceptHandler) and _is_broad(node):
-      found['broad_except'] += 1
     elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
       length = (node.end_lineno or node.lineno) - node.lineno + 1
       if length > MAX_LINES:
@@ -108,9 +158,10 @@ def shape_of(path: pathlib.Path, root: pathlib.Path = ROOT) -> dict[str, Any]:
         if used == owned or used.endswith(f'.{owned}') and '.' not in owned:
           found['calls'][owned] += 1
     elif isinstance(node, (ast.Import, ast.ImportFrom)):
-      modules = [node.module or ''] if isinstance(node, ast.ImportFrom) else [
-          alias.name for alias in node.names]
-      found['imports_command'] |= any(m == 'command' or m.startswith('command.') for m in modules)
+      found['imports'].update(imported(node))
+      found['imports_command'] |= any(m == 'command' or m.startswith('command.')
+                                      for m in imported(node)[:1 if isinstance(node, ast.ImportFrom)
+                                                              else None])
   return found
 
 
@@ -120,9 +171,11 @@ def shape(root: pathlib.Path = ROOT) -> dict[str, Any]:
                            'try': 0, 'broad_except': 0, 'long': [], 'many_parameters': [],
                            'modules_calling': {owned: [] for owned in OWNED},
                            'trainer_importing_command': []}
+  imports: dict[str, set[str]] = {}
   for path in product_files(root):
     found = shape_of(path, root)
     name = str(path.relative_to(root))
+    imports[module_name(name)] = found.pop('imports')
     total['lines'] += found['lines']
     if name.startswith('trainer/'):
       total['trainer_lines'] += found['lines']
@@ -132,6 +185,9 @@ def shape(root: pathlib.Path = ROOT) -> dict[str, Any]:
       total[key] += found[key]
     for owned in found['calls']:
       total['modules_calling'][owned].append(name)
+  total['import_cycles'] = modules_in_cycles(
+      {module: {m for m in named if m in imports and m != module.rpartition('.')[0]}
+       for module, named in imports.items()})
   return total
 
 
@@ -148,6 +204,8 @@ def main(argv: list[str]) -> None:
   for owned, modules in counted['modules_calling'].items():
     print(f'{owned} used in {len(modules)} modules: {", ".join(modules) or "none"}')
   print(f"trainer/ modules importing command: {counted['trainer_importing_command'] or 'none'}")
+  print(f"modules in import cycles: {len(counted['import_cycles'])}"
+        + ''.join(f'\n  {module}' for module in counted['import_cycles']))
   for key, limit in (('long', f'over {MAX_LINES} lines'),
                      ('many_parameters', f'over {MAX_PARAMETERS} parameters')):
     print(f'functions {limit}: {len(counted[key])}' +

@@ -20,7 +20,7 @@ import tempfile
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the runs\' records.', required=True)
 _COMPARE = flags.DEFINE_string('compare', None, 'A folder of earlier records to compare with.')

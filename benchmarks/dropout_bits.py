@@ -25,7 +25,7 @@ from configs import default
 from data.mnist import Examples
 from mlp.model import MLP
 from trainer import programs as devices
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each variant.', lower_bound=1)
 BYTES, THREEFRY, RBG = ('model dropout (bytes, a word per 4 units)',

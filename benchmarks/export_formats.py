@@ -21,7 +21,7 @@ import tempfile
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'A trained run; default: configs/quick.py trained '
                                'now in a temporary folder.')

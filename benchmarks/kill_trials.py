@@ -21,7 +21,7 @@ import time
 from absl import flags
 
 from benchmarks import workload
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _TRIALS = flags.DEFINE_integer('trials', 20, 'Runs to kill and resume.', lower_bound=1)
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of the kill times.')

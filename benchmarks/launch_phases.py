@@ -25,7 +25,7 @@ import time
 from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _OUT = flags.DEFINE_string('out', None, 'Folder for the profiles and the output.', required=True)
 _LAUNCHES = flags.DEFINE_integer('launches', 2, 'Launches, each in a fresh run directory.')

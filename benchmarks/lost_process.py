@@ -23,8 +23,8 @@ from absl import flags
 
 from benchmarks import workload
 from trainer.reporting import read_records
-from trainer.run_dir import RunDirectory
-from trainer.host import Host
+from trainer.host.run_dir import RunDirectory
+from trainer.host.boundary import Host
 
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Folder or gs:// prefix for the trials\' runs.',
                                required=True)

@@ -16,9 +16,9 @@ from absl import flags
 from benchmarks.workload import ROOT, parse_flags
 from trainer.plan import resolve
 from trainer import loop
-from trainer.host import Host
+from trainer.host.boundary import Host
 from trainer.reporting import read_records
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 _RATES = flags.DEFINE_list('rates', ['2e-3', '4e-3'], 'The learning rates compared.')
 QUICK = {'num_epochs': 2, 'batch_size': 256, 'data.eval_split': 'test[:1000]'}

@@ -26,7 +26,7 @@ from absl import flags
 from benchmarks import workload
 from benchmarks.workload import ROOT
 from errors import UserError
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _NUM_MODELS = flags.DEFINE_integer('num_models', 3, 'Members of the side-by-side run (2 or more).')
 _REPEATS = flags.DEFINE_integer('repeats', 5, 'Timed epochs of each (at least 3).')

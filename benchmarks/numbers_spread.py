@@ -25,7 +25,7 @@ from absl import flags
 
 from benchmarks.workload import ROOT, parse_flags
 from errors import UsageError, UserError
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 RUNS = ROOT / 'tests' / 'golden' / 'default_train8000'
 TIMINGS = ('epoch_seconds', 'train_images_per_second')

@@ -37,7 +37,7 @@ from data.mnist import Examples
 from benchmarks import workload
 from errors import UserError
 from mlp import batches
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _EPOCHS = flags.DEFINE_integer('epochs', 3, 'Epochs to trace (after one untraced warm-up).')
 _TOP = flags.DEFINE_integer('top', 15, 'Ops to list individually.')

@@ -27,8 +27,8 @@ from absl import flags
 from benchmarks.workload import ROOT, launch_train, parse_flags
 from errors import UsageError
 from trainer import reporting
+from trainer.host.boundary import Host
 from trainer.members import label
-from trainer.host import Host
 
 _CONFIG = flags.DEFINE_string('config', 'configs/default.py', 'The config file of the recipe.')
 _ALSO = flags.DEFINE_list('also', [], 'More config files, each trained as it is.')

@@ -16,7 +16,7 @@ import tempfile
 from absl import flags
 
 from benchmarks.workload import launch_train, parse_flags
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _CONFIG = flags.DEFINE_string('config', 'configs/quick.py', 'The config file, on :validation.')
 _RATES = flags.DEFINE_list('rates', ['1e-3', '2e-3', '4e-3'], 'The learning rates.')

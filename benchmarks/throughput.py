@@ -47,7 +47,7 @@ from benchmarks import workload
 from benchmarks.workload import ROOT
 from errors import UserError
 from mlp import batches
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _REPEATS = flags.DEFINE_integer('repeats', 11, 'Timed epochs of each loop (at least 5).')
 _MATMUL_SIZE = flags.DEFINE_integer('matmul_size', 2048, 'Side of the square ceiling matmul.')

@@ -8,8 +8,8 @@ import numpy as np
 from absl import logging
 
 from data.idx import FILES, check_folder, data_folder
-from errors import During, UserError
-from native_logs import import_tensorflow_quietly
+from errors import During, ExtraMissing, UserError
+from native_logs import TENSORFLOW_EXTRA, import_tensorflow_quietly
 
 CANONICAL_FILES = tuple(name for pair in FILES.values() for name in pair)
 FILES_HELP = (f'TFDS prepares MNIST from its four canonical files ({", ".join(CANONICAL_FILES)}): '
@@ -41,12 +41,8 @@ def _prepare(tfds: types.ModuleType, builder: Any, folder: pathlib.Path) -> None
   """TFDS takes each file from manual_dir if its checksum is the registered one, else refuses it."""
   _check_folder(folder)
   download_config = tfds.download.DownloadConfig(manual_dir=str(folder), try_download_gcs=False)
-  try:
+  with During('preparing MNIST', str(folder)):  # Any failure here is about the data: one line.
     builder.download_and_prepare(download_config=download_config)
-  except Exception as error:  # A third-party boundary: every failure here is about the data.
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else ''
-    raise UserError(f'TFDS could not prepare MNIST from {folder} ({type(error).__name__}: '
-                    f'{reason}); {FILES_HELP}') from error
 
 
 def load_tfds(split: str, manual_dir: str = '',
@@ -56,10 +52,8 @@ def load_tfds(split: str, manual_dir: str = '',
     import_tensorflow_quietly()  # Here, not where TFDS would: in the middle of loading.
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top; heavy, this source only
   except ImportError as error:
-    raise UserError(f'data.source=tfds needs TensorFlow and TensorFlow Datasets ({error}), an '
-                    'extra that `make train` leaves out: pip install -r requirements/tfds.txt '
-                    '(TensorFlow has wheels for Python 3.11 to 3.13), or read the same files with '
-                    '--config.data.source=idx') from error
+    raise ExtraMissing('data.source=tfds', 'TensorFlow and TensorFlow Datasets', TENSORFLOW_EXTRA,
+                       'read the same files with --config.data.source=idx') from error
 
   with _QuietAbsl():  # TFDS warns of a "variant folder" it only looked for; our line says the fix.
     builder = tfds.builder('mnist', data_dir=data_dir or None)

@@ -12,8 +12,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from errors import UserError
-from native_logs import import_tensorflow_quietly
+from errors import ExtraMissing
+from native_logs import TENSORFLOW_EXTRA, import_tensorflow_quietly
 from mlp import inference
 from mlp import steps
 from serving import layers
@@ -31,13 +31,12 @@ def import_onnx() -> None:
 
 
 # Each format that needs an extra: how to import it, and the extra that installs it.
-EXTRAS = {SAVED_MODEL: (import_tensorflow_quietly, 'TensorFlow', 'pip install -r '
-                        'requirements/tfds.txt (TensorFlow has wheels for Python 3.11 to 3.13)'),
+EXTRAS = {SAVED_MODEL: (import_tensorflow_quietly, 'TensorFlow', TENSORFLOW_EXTRA),
           ONNX: (import_onnx, 'onnx', 'pip install -r requirements/onnx.txt')}
 
 
 def require_extras(formats: list[str]) -> None:
-  """Imports each asked format's library now, or raises the UserError naming the extra that
+  """Imports each asked format's library now, or raises ExtraMissing naming the extra that
   installs it: before the checkpoint is read."""
   for name in formats:
     if name in EXTRAS:
@@ -45,9 +44,8 @@ def require_extras(formats: list[str]) -> None:
       try:
         load()
       except ImportError as error:
-        raise UserError(f'--formats={name} needs {library} ({error}), an extra that `make train` '
-                        f'leaves out: {install}, or pass --formats={STABLEHLO}, which needs JAX '
-                        'alone') from error
+        raise ExtraMissing(f'--formats={name}', library, install,
+                           f'pass --formats={STABLEHLO}, which needs JAX alone') from error
 
 
 def write_stablehlo(state: steps.TrainState, path: str) -> Versions:

@@ -35,8 +35,8 @@ import ml_collections  # pylint: disable=wrong-import-position
 import pytest
 
 from configs import default
-from trainer import faults
-from trainer.host import Host
+from trainer.host import faults
+from trainer.host.boundary import Host
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MNIST_DIR = ROOT / 'data' / 'mnist'  # The four MNIST files the project carries.
@@ -70,8 +70,8 @@ class Recorder(Host):
 
 
 def line_of(call: Callable[[], object]) -> str:
-  """The one line the user sees for what `call` raises (trainer/faults.py's words); fails the test
-  where it raises nothing, or a fault of the code."""
+  """The one line the user sees for what `call` raises (trainer/host/faults.py's words); fails the
+  test where it raises nothing, or a fault of the code."""
   with pytest.raises(BaseException) as raised:
     call()
   line = faults.line(raised.value)

@@ -18,7 +18,7 @@ from trainer import programs as devices
 from trainer import loop
 from trainer.plan import resolve
 from trainer.programs import compile_programs
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 # Dropout, pixel shifts and distortions on, all keyed by example, so one device and many compute the
 # same function of the same global batches: 32 steps of 128 for 2 epochs. 1 and 8 devices add the

@@ -27,17 +27,18 @@ from etils import epath
 from mlp import randomness
 from trainer import checkpoints as checkpoint
 from trainer import config_fields, config_rules
-from trainer import run_dir as run_dir_module
+from trainer.host import run_dir as run_dir_module
 from trainer import evaluation, loop
 from trainer.plan import resolve
 from trainer.programs import state_template
 from trainer.checkpoints import DAMAGED_PREFIX, Checkpoints
 import library_errors
-from errors import UserError
-from trainer.host import Host, Stopped
+from errors import Stopped, UserError
+from trainer.host.boundary import Host, Phase
+from trainer.host.exits import Exits
 from trainer.reporting import EVAL_FILE, METRICS_FILE, keep_records_through, read_records
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import LOCK_FILE
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import LOCK_FILE
 from tests.test_library_errors import orbax_step_metadata_warnings
 from tests.conftest import (FREE_MEMORY, ROOT, Recorder, make_config, override_flags,
                             read_metrics, run_train, line_of, without_timings)
@@ -377,7 +378,8 @@ def test_a_transient_read_error_stops_the_run_and_sets_no_checkpoint_aside(
   assert restore(small_copy, make_config(**SMALL)).epoch == 3
 
 
-# The fix a device out of memory names where what it was doing is not known (trainer/backend.py).
+# The fix a device out of memory names where what it was doing is not known
+# (trainer/host/faults.py).
 LOWER_OR_MORE_MEMORY = ('lower eval_batch_size (the same command then resumes), or batch_size, '
                         'num_models or model.hidden_sizes in a new --workdir, or use a device with '
                         'more memory')
@@ -697,27 +699,27 @@ def test_sigterm_saves_exits_with_a_resume_hint_and_the_rerun_ends_exactly(long_
   assert without_timings(read_metrics(tmp_path)) == without_timings(read_metrics(long_run))
 
 
-class Interruptible(Host):
-  """A host whose interruption raises, as Python's Ctrl-C does, rather than end the process."""
+class Interruptible(Exits):
+  """Exits whose end at once raises, as Python's Ctrl-C does, rather than end the process."""
 
-  def interrupted(self) -> NoReturn:
+  def fail_now(self, line: str, status: int) -> NoReturn:
     raise KeyboardInterrupt
 
 
 def test_a_signal_is_recorded_not_fatal_and_a_second_ctrl_c_interrupts():
   previous = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
-  host = Interruptible()
-  with host.finishing_epochs():
-    assert host.stop_requested() is None
+  host = Host(Interruptible())
+  with host.phase(Phase.EPOCHS):
+    assert host.agree_at_epoch_end(False) == (None, False)
     os.kill(os.getpid(), signal.SIGINT)
-    assert host.stop_requested() == 'SIGINT'
+    assert host.agree_at_epoch_end(False) == ('SIGINT', False)
     with pytest.raises(KeyboardInterrupt):
       os.kill(os.getpid(), signal.SIGINT)
-  host = Interruptible()
-  with host.finishing_epochs():  # A preemption's: recorded, and a second one is no error.
+  host = Host(Interruptible())
+  with host.phase(Phase.EPOCHS):  # A preemption's: recorded, and a second one is no error.
     os.kill(os.getpid(), signal.SIGTERM)
     os.kill(os.getpid(), signal.SIGTERM)
-    assert host.stop_requested() == 'SIGTERM'
+    assert host.agree_at_epoch_end(False) == ('SIGTERM', False)
   assert {number: signal.getsignal(number) for number in previous} == previous  # Both restored.
 
 

@@ -17,16 +17,17 @@ import pytest
 from flax import nnx
 
 from errors import ConfigError, UserError
+from trainer.host.exits import say
 from trainer.plan import resolve
-from trainer.host import say
 from library_errors import THREAD_REFUSED
 from mlp.model import MLP
 from tests.conftest import (FREE_MEMORY, ROOT, assert_fails_cleanly, limit_address_space,
                             line_of, make_config, override_flags, read_metrics, run_train)
-from trainer import backend, config_fields, config_rules, faults
+from trainer import config_fields, config_rules
+from trainer.host import backend, faults
 from trainer import evaluation, loop
 from trainer.config_file import ConfigFileFailed, ConfigFileParser
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 CONFIG = '--config=configs/default.py'
 
@@ -592,8 +593,9 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
       num_epochs=3, data__train_split='train[:2000]', checkpoint_min_seconds=0)]
   child = (
       'import runpy, sys, threading, time\nimport orbax.checkpoint as ocp\n'
-      'from trainer import host\n'
-      'said, print_error, save = threading.Event(), host.print_error, ocp.CheckpointManager.save\n'
+      'from trainer.host import boundary\n'
+      'said, print_error = threading.Event(), boundary.print_error\n'
+      'save = ocp.CheckpointManager.save\n'
       'def printed(line):  # Its line out, then train.py\'s exit.\n'
       '  print_error(line)\n  said.set()\n'
       'def stranded():  # Reports once the run has said its line, as its exit waits for threads.\n'
@@ -602,7 +604,7 @@ def test_a_thread_the_machine_will_not_start_is_one_line_though_stranded_threads
       '    threading.Thread(target=stranded).start()\n'
       f'    raise RuntimeError({THREAD_REFUSED!r})\n'
       '  return save(manager, step, *args, **kwargs)\n'
-      'host.print_error, ocp.CheckpointManager.save = printed, refused\n'
+      'boundary.print_error, ocp.CheckpointManager.save = printed, refused\n'
       'sys.argv = sys.argv[1:]; runpy.run_path("train.py", run_name="__main__")')
   out = subprocess.run([sys.executable, '-c', child, 'train.py', *args], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)

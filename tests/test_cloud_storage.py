@@ -164,7 +164,7 @@ def test_no_credentials_end_in_one_line(command, tmp_path, mnist_dir):
 
 
 # Runs a command with the first touch of a bucket giving up after a second, not REACH_TIMEOUT_S.
-REACH_IN_A_SECOND = ('-c', 'import runpy, sys; from trainer import cloud_storage; '
+REACH_IN_A_SECOND = ('-c', 'import runpy, sys; from trainer.host import cloud_storage; '
                      'cloud_storage.REACH_TIMEOUT_S = 1.0; sys.argv = sys.argv[1:]; '
                      'runpy.run_path(sys.argv[0], run_name="__main__")')
 

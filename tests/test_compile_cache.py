@@ -10,7 +10,7 @@ import jax
 import pytest
 
 from tests.conftest import ROOT, override_flags, read_metrics, without_timings
-from trainer import compile_cache
+from trainer.host import compile_cache
 
 QUICK = ['--config=configs/quick.py', '--config.num_epochs=1']
 

@@ -1,6 +1,7 @@
-"""trainer/faults.py's lines, and a command's first step (trainer/host.py's start): a refused
-write, however the library words it, becomes one line naming the OS's reason; so do a library
-missing or unloadable and a machine out of memory or threads wherever a command meets them."""
+"""trainer/host/faults.py's lines, and a command's first step (trainer/host/boundary.py's start): a
+refused write, however the library words it, becomes one line naming the OS's reason; so do a
+library missing or unloadable and a machine out of memory or threads wherever a command meets
+them."""
 
 import errno
 import os
@@ -12,7 +13,7 @@ import pytest
 
 from errors import clipped
 from library_errors import THREAD_REFUSED
-from trainer.faults import line, missing_module, write_failed
+from trainer.host.faults import line, missing_module, write_failed
 from tests.conftest import ROOT
 
 TENSORSTORE_PATH = '/runs/a/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/d/e6'
@@ -110,7 +111,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 ], ids=['memory', 'thread'])
 def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised, said):
   """As where memory runs out while a library is imported: the commands' excepthook says it."""
-  out = run_python(f'from trainer import host; host.start("stopped"); raise {raised}')
+  out = run_python(f'from trainer.host import boundary; boundary.start("stopped"); raise {raised}')
   lines = out.stderr.strip().splitlines()
   assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith(said), out.stderr
 
@@ -121,8 +122,8 @@ def test_a_machine_limit_that_no_part_of_a_command_said_is_still_one_line(raised
 # the export's and the TFDS source's import of it.
 PAST_THE_LIMIT = (
     'import resource, numpy, native_logs\n'
-    'from trainer import host\n'
-    'host.start("stopped")\n'
+    'from trainer.host import boundary\n'
+    'boundary.start("stopped")\n'
     'held = int(open("/proc/self/status").read().split("VmSize:")[1].split()[0]) << 10\n'
     'resource.setrlimit(resource.RLIMIT_AS, (held + (8 << 20), resource.RLIM_INFINITY))\n')
 
@@ -170,15 +171,16 @@ def test_a_library_the_system_will_not_load_is_said_by_its_likely_reason(monkeyp
 
 
 def test_a_fault_of_the_code_keeps_its_traceback_under_the_commands_excepthook():
-  out = run_python('from trainer import host; host.start("stopped"); raise ValueError("a bug")')
+  out = run_python('from trainer.host import boundary; boundary.start("stopped"); '
+                   'raise ValueError("a bug")')
   assert out.returncode == 1 and out.stderr.startswith('Traceback'), out.stderr
   assert 'ValueError: a bug' in out.stderr
 
 
 # A Ctrl-C while TensorFlow imports, its C++ notes muted: Python's line still reaches the user.
 MUTED_CTRL_C = ('import os, signal, time, native_logs\n'
-                'from trainer import host\n'
-                'host.start("stopped while muted")\n'
+                'from trainer.host import boundary\n'
+                'boundary.start("stopped while muted")\n'
                 'with native_logs.native_stderr_muted():\n'
                 '  os.write(2, b"a library log line in C++\\n")\n'
                 '  os.kill(os.getpid(), signal.SIGINT)\n'

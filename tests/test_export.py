@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 
+from data.idx import load_idx
 from data.mnist import load_split
 from errors import UserError
 from serving.folder import OutFolder
@@ -25,8 +26,8 @@ from tests.exports.write import WEIGHTS
 from tests.test_predict import flip_each_checkpoint
 from trainer.plan import resolve
 from trainer import evaluation, loop
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import RunLock
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import RunLock
 
 HAS_TENSORFLOW = importlib.util.find_spec('tensorflow') is not None  # Not on Python 3.14 yet.
 HAS_ONNX = all(importlib.util.find_spec(name) for name in ('onnx', 'onnxruntime'))
@@ -254,8 +255,7 @@ def test_a_jax_export_of_another_release_loads_or_names_both_releases_and_the_fi
   refused = REFUSED.get((writer, here))
   if refused is None:
     assert loaded.returncode == 0, loaded.stderr
-    with gzip.open(MNIST_DIR / 't10k-images-idx3-ubyte.gz') as f:
-      images = np.frombuffer(f.read(16 + 5 * 784)[16:], np.uint8).reshape(5, 28, 28)
+    images = load_idx(str(MNIST_DIR), 'test')[0][:5]
     logits = (images.astype(np.float32) / 255).mean(axis=2) @ WEIGHTS  # write.py's classifier.
     expected = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
     np.testing.assert_allclose(np.load(tmp_path / 'probabilities.npz')['batch5'], expected,
@@ -433,7 +433,7 @@ def test_a_signal_while_writing_is_one_line_and_leaves_no_staged_copy(sent, said
 
 
 # export.py made to receive a SIGTERM as it reports an export already whole in --out.
-STOPPED_AFTER = signalled_in('export.py', 'trainer.host', 'say')
+STOPPED_AFTER = signalled_in('export.py', 'trainer.host.exits', 'say')
 
 
 # export.py made to receive a SIGTERM as its files start to replace an older export in --out.

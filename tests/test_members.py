@@ -16,9 +16,9 @@ from tests.conftest import (EVAL_COUNT, ROOT, Recorder, assert_same_numbers, mak
                             member_records, read_metrics, run_train, without_timings)
 from trainer import evaluation, loop
 from trainer.checkpoints import Checkpoints
+from trainer.host.run_dir import RunDirectory
 from trainer.plan import resolve
 from trainer.programs import state_template
-from trainer.run_dir import RunDirectory
 
 # Small and quick, with everything random on that a member must draw as its own seed's run would:
 # initialization, batch order, dropout, shifts and every distortion (configs/best.py's kinds, each

@@ -17,7 +17,7 @@ from tests.conftest import ROOT, make_config, override_flags, read_metrics, run_
 from tests.conftest import without_timings
 from trainer.plan import resolve
 from trainer import loop
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 pytestmark = pytest.mark.numeric
 

@@ -22,7 +22,7 @@ from tests.conftest import ROOT, line_of, make_config, read_metrics, run_train, 
 from trainer.plan import resolve
 from trainer import checkpoints, config_fields, evaluation, pictures
 from trainer.reporting import EVAL_FILE
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 SAME_COUNT, PHOTO_COUNT = 1000, 300  # Eval images saved as PNG files; of them, photographed.
 

@@ -24,10 +24,10 @@ from tests.parallel_probe import SETTINGS
 from tests.test_cloud_storage import names, records
 from errors import UserError
 from library_errors import JAX_ABORT
-from trainer import processes
-from trainer.processes import relay
+from trainer.host import peers
+from trainer.host.peers import relay
 from trainer.reporting import METRICS_FILE
-from trainer.run_lock import LOCK_FILE
+from trainer.host.run_lock import LOCK_FILE
 
 CONFIG = '--config=configs/default.py'
 
@@ -391,5 +391,5 @@ def test_the_coordinator_port_check_takes_ipv4_alone_on_a_machine_without_ipv6(m
     port = held.getsockname()[1]
     monkeypatch.setattr(socket, 'socket', no_ipv6)
     with pytest.raises(UserError, match=f'on port {port} \\(another program listens there'):
-      processes.check_port_free(f'127.0.0.1:{port}')
-  processes.check_port_free(f'127.0.0.1:{free_port()}')  # Free: no line.
+      peers.check_port_free(f'127.0.0.1:{port}')
+  peers.check_port_free(f'127.0.0.1:{free_port()}')  # Free: no line.

@@ -15,14 +15,14 @@ import pytest
 from errors import During, UserError
 from tests.conftest import (CLOUD_SETTINGS, ROOT, UNREACHABLE, Recorder, line_of,
                             offline_credentials, override_flags, read_metrics, run_train)
-from trainer import cloud_storage
-from trainer.host import Host
+from trainer.host import cloud_storage
+from trainer.host.boundary import Host
 from trainer.reporting import METRICS_FILE
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import LOCK_FILE, RunLock, this_machine
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import LOCK_FILE, RunLock, this_machine
 
-HOLD = ('import sys, time; from trainer.run_dir import RunDirectory\n'
-        'from trainer.run_lock import RunLock\n'
+HOLD = ('import sys, time; from trainer.host.run_dir import RunDirectory\n'
+        'from trainer.host.run_lock import RunLock\n'
         'with RunLock(RunDirectory(sys.argv[1],\n'
         '                          lock_stale_after=float((sys.argv[2:] or [120])[0]))):\n'
         '  print("held", flush=True); time.sleep(600)')

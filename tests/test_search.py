@@ -13,7 +13,7 @@ from tests.conftest import (Recorder, assert_same_numbers, line_of, make_config,
                             member_records, read_metrics)
 from tests.test_members import SETTINGS, TRAIN_COUNT, train
 from trainer import config_file, config_rules, reporting, search
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 # Two trials of two fields, two epochs of the members' small settings (every random draw on).
 SEARCHED = dict(search__learning_rate=(1e-3, 1e-2), search__model__dropout_rate=(0.1, 0.4),
@@ -192,5 +192,6 @@ def test_a_search_without_its_extra_is_one_line_naming_it(tmp_path, monkeypatch)
   monkeypatch.setitem(sys.modules, 'optuna', None)
   said = line_of(lambda: run_search(tmp_path / 'run'))
   assert said == ('--config.search needs Optuna (import of optuna halted; None in sys.modules), '
-                  'an extra that `make train` leaves out: pip install -r requirements/search.txt')
+                  'an extra that `make train` leaves out: pip install -r requirements/search.txt, '
+                  'or train the config alone with --config.search.trials=0')
   assert not (tmp_path / 'run').exists()

@@ -17,7 +17,7 @@ from tests.test_members import SETTINGS, TRAIN_COUNT, train
 from tests.test_trainer import tensorboard_view
 from trainer.plan import resolve
 from trainer import evaluation, loop
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 # A value of each sweepable field unlike the default's, beside one more: member 1 trains with the
 # second value and seed 1, as the separate run of that value does.

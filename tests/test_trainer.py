@@ -17,11 +17,12 @@ from data.mnist import load_split
 from trainer.plan import recipe_of, resolve
 from trainer.programs import compile_programs
 from mlp import steps
-from trainer import loop, processes
-from trainer import run_dir as run_dir_module
-from trainer.host import Host
+from trainer import loop
+from trainer.host import peers
+from trainer.host import run_dir as run_dir_module
+from trainer.host.exits import Exits
 from trainer.reporting import TAGS, Reporter
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 from tests.conftest import Recorder, line_of, make_config, override_flags, read_metrics, run_train
 
 # Small and fast: 2,000 training images, 2 epochs, dropout on so the dropout keys are exercised too.
@@ -189,7 +190,7 @@ def test_a_one_process_run_exchanges_nothing_between_processes(tmp_path, monkeyp
   """The multi-process machinery is entered only where a run has several processes: a run of one
   makes no collective, at its start or in its epochs."""
   gathered = []
-  monkeypatch.setattr(processes, '_gather',
+  monkeypatch.setattr(peers, '_gather',
                       lambda *values: gathered.append(values) or np.array([values]))
   tiny = dict(data__train_split='train[:256]', data__eval_split='test[:100]',
               model__hidden_sizes=(16,))
@@ -209,7 +210,7 @@ def test_processes_agree_on_a_stop_and_a_lost_lock_in_one_exchange(monkeypatch):
     return np.stack([np.array([signal.SIGTERM.value, 1], np.int32), values])
 
   monkeypatch.setattr(multihost_utils, 'process_allgather', gather)
-  peers = processes.Peers(Host(), RunDirectory('unused'), index=1)
-  assert peers.agree_at_epoch_end(None, False) == ('SIGTERM', True)
+  second = peers.Peers(Exits(), RunDirectory('unused'), index=1)
+  assert second.agree_at_epoch_end(None, False) == ('SIGTERM', True)
   assert exchanges == [[0, 0]]
-  assert peers.agree_at_epoch_end('SIGINT', False) == ('SIGINT', True)  # Its own comes first.
+  assert second.agree_at_epoch_end('SIGINT', False) == ('SIGINT', True)  # Its own comes first.

@@ -28,9 +28,9 @@ from library_errors import (ASYNCIO_LOOP_CLOSED, ORBAX_NO_STEP_METADATA, ORBAX_S
                             ORBAX_TREE_MISMATCH, TENSORSTORE_DAMAGE_STATUS)
 from mlp import steps
 from trainer import config_rules
-from trainer.host import Host
+from trainer.host.boundary import Host
+from trainer.host.run_dir import RunDirectory
 from trainer.plan import Checkpointing, Plan
-from trainer.run_dir import RunDirectory
 
 STATE, META = 'state', 'meta'
 META_NAME = 'metadata'  # JsonCheckpointHandler's file name, which older checkpoints have.
@@ -370,7 +370,7 @@ class Checkpoints:
     # on to delete older checkpoints as if the failed save had succeeded.
     # Alone: in a multi-process run the processes could disagree on whether a save is in progress,
     # so a failure there surfaces at the next save, which all of them make together.
-    if self._host.peers is None and not self._manager.is_saving_in_progress():
+    if self._host.alone and not self._manager.is_saving_in_progress():
       self.wait()
 
   @contextlib.contextmanager
@@ -518,7 +518,7 @@ class Checkpoints:
       self.close()
       return
     self._failed = True  # Orbax's abandoned reads and writes may still report: muted to the end.
-    if not (self._host.peers and self._host.peers.lost_a_peer(error)):
+    if not self._host.lost_a_peer(error):
       with contextlib.suppress(Exception):
         self.close()
 

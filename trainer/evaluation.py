@@ -8,13 +8,14 @@ import numpy as np
 from configs import default
 from errors import During, UserError
 from mlp import passes, steps
-from trainer import backend, checkpoints, config_fields, pictures, reporting
+from trainer import checkpoints, config_fields, pictures, reporting
 from trainer.checkpoints import Restored
-from trainer.host import Host
+from trainer.host import backend
+from trainer.host.boundary import Host
 from trainer.members import label
 from trainer.plan import Plan, resolve
 from trainer.run import Run, open_run, open_saved
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 _predict = jax.jit(passes.predict, static_argnames='batch_size')  # Compiled per shape and batch.
 

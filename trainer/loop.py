@@ -9,15 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from errors import UserError
+from errors import Stopped, UserError
 from mlp import steps
 from trainer import evaluation, reporting
 from trainer.checkpoints import Restored
 from trainer.config_fields import config_from_flat
-from trainer.host import Host, Stopped
+from trainer.host.boundary import Host
 from trainer.plan import Plan, recipe_of
 from trainer.run import Run, open_run
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 
 def train_and_evaluate(plan: Plan, run_dir: RunDirectory,

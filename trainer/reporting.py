@@ -21,11 +21,12 @@ from tensorboard.summary.writer.record_writer import RecordWriter
 
 from data.splits import parse_split
 from trainer import pictures
-from trainer.host import Host, this_command
+from trainer.host.boundary import Host
+from trainer.host.exits import this_command
+from trainer.host.run_dir import RunDirectory
 from trainer.members import command_of, label
 from trainer.plan import Plan
 from trainer.programs import Programs
-from trainer.run_dir import RunDirectory
 
 METRICS_FILE = 'metrics.jsonl'
 # TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from data.mnist import Examples, load_splits
 from mlp import steps
 from trainer.checkpoints import Checkpoints, Restored, refuse_other_numbers
-from trainer.host import Host
+from trainer.host.boundary import Host
 from trainer.plan import Plan
 from trainer.programs import Programs, compile_programs, state_template
 from trainer.reporting import Reporter
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import RunLock
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import RunLock
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,16 +23,17 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from data.mnist import Examples, load_splits
-from errors import UserError, error_reason
+from errors import ExtraMissing, UserError, error_reason
 from mlp import steps
 from trainer import config_rules, reporting, trials as trials_lib
 from trainer.config_fields import flat_config
-from trainer.host import Host, this_command
+from trainer.host.boundary import Host
+from trainer.host.exits import this_command
+from trainer.host.run_dir import RunDirectory
+from trainer.host.run_lock import RunLock
 from trainer.members import Member
 from trainer.plan import resolve
 from trainer.programs import Programs, compile_programs
-from trainer.run_dir import RunDirectory
-from trainer.run_lock import RunLock
 
 STUDY_FILE = 'study.db'  # The default storage: SQLite, in the run directory.
 JOURNAL = 'journal:'  # --search_storage=journal:PATH: Optuna's journal file at PATH.
@@ -49,13 +50,13 @@ SAMPLERS_NEEDING = {'gp': 'torch'}  # A sampler's library that the search extra 
 
 
 def import_optuna() -> types.ModuleType:
-  """Optuna, its own lines quiet (the search says what it does), or the UserError naming the
+  """Optuna, its own lines quiet (the search says what it does), or ExtraMissing naming the
   extra that installs it."""
   try:
     import optuna  # pylint: disable=g-import-not-at-top; the search extra, for a search alone
   except ImportError as error:
-    raise UserError(f'--config.search needs Optuna ({error}), an extra that `make train` leaves '
-                    'out: pip install -r requirements/search.txt') from error
+    raise ExtraMissing('--config.search', 'Optuna', 'pip install -r requirements/search.txt',
+                       'train the config alone with --config.search.trials=0') from error
   optuna.logging.set_verbosity(optuna.logging.WARNING)
   return optuna
 

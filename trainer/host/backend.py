@@ -3,26 +3,11 @@
 one line rather than a traceback."""
 
 import os
-import re
 
 from errors import UserError
+from library_errors import (BACKEND_CANNOT_START, BACKEND_HELD, BACKEND_LIBTPU, BACKEND_UNKNOWN,
+                            TPU_FAILED_QUIETLY, TPU_HELD)
 
-# JAX's words for a backend that JAX_PLATFORMS names and that cannot start: "Unable to initialize
-# backend 'tpu': ABORTED: The TPU is already in use by process with pid 2718. ... (set
-# JAX_PLATFORMS='' to automatically choose an available backend)"; where it is unset, "(you may need
-# to uninstall the failing plugin package, or set JAX_PLATFORMS=cpu to skip this backend.)".
-_CANNOT_START = re.compile(
-    r"Unable to initialize backend '([^']+)': (.*?)"
-    r"(?: \((?:set JAX_PLATFORMS=|you may need to uninstall the failing plugin).*)?$", re.S)
-# Its words when the TPU failed where JAX_PLATFORMS is unset (JAX then runs on the CPU, saying so
-# in a warning only) and `jax.devices('tpu')` asks for it: "Backend 'tpu' failed to initialize:
-# ABORTED: The TPU is already in use by process with pid 2718. Not attempting to load libtpu.so in
-# this process.. Available backends are ['cpu']".
-_FAILED_QUIETLY = re.compile(
-    r"Backend 'tpu' failed to initialize: (.*?)\.*\s*Available backends")
-# And for a backend it has no plugin for: "Backend 'rocm' is not in the list of known backends:
-# ['cpu', 'tpu']."
-_KNOWN = re.compile(r"not in the list of known backends: \[([^\]]*)\]")
 _PLUGIN = 'make train ACCELERATOR=cuda12, or tpu, on a fresh clone'
 _UNSET = 'unset JAX_PLATFORMS to run on the devices JAX finds'
 _INSTALL = f'install its plugin ({_PLUGIN}), or {_UNSET}'
@@ -35,11 +20,12 @@ def start(cpu_will_do: bool = False) -> None:
   try:
     jax.devices()
   except RuntimeError as error:
-    found = _CANNOT_START.search(' '.join(str(error).split()))
+    found = BACKEND_CANNOT_START.search(' '.join(str(error).split()))
     if not found:
       raise
     backend, reason = found.groups()
-    if known := _KNOWN.search(reason):  # JAX_PLATFORMS=gpu names the rocm backend it tried last.
+    # JAX_PLATFORMS=gpu names the rocm backend it tried last.
+    if known := BACKEND_UNKNOWN.search(reason):
       raise UserError(f'JAX has no backend for JAX_PLATFORMS={os.environ.get("JAX_PLATFORMS")} '
                       f'(it has {known.group(1)}); name one of those, or {_UNSET}; a GPU or TPU '
                       f'needs its plugin ({_PLUGIN})') from error
@@ -61,8 +47,8 @@ def _refuse_a_held_tpu() -> None:
   try:
     jax.devices('tpu')
   except RuntimeError as error:
-    found = _FAILED_QUIETLY.search(' '.join(str(error).split()))
-    if found and 'already in use' in found.group(1):
+    found = TPU_FAILED_QUIETLY.search(' '.join(str(error).split()))
+    if found and TPU_HELD in found.group(1):
       fix = _fix(found.group(1), 'tpu')
       raise UserError(f"JAX could not start this machine's TPU ({found.group(1)}) and would run "
                       f'on the CPU instead; {fix}, or set JAX_PLATFORMS=cpu to run on the CPU'
@@ -71,9 +57,9 @@ def _refuse_a_held_tpu() -> None:
 
 def _fix(reason: str, backend: str) -> str:
   """What to do about a backend that could not start, by JAX's reason."""
-  if 'in use' in reason:
+  if BACKEND_HELD in reason:
     return 'another process holds it: wait for that one to end, or stop it'
-  if 'libtpu' in reason:
+  if BACKEND_LIBTPU in reason:
     return _INSTALL
   check = ('check that this machine has that device and that its driver works (a GPU: '
            'nvidia-smi)')

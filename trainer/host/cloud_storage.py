@@ -1,14 +1,26 @@
 """Cloud Storage, where a Cloud TPU user keeps a run directory (`gs://BUCKET/PATH`): its client.
-Its failures (no bucket, no permission, no credentials, no answer) are worded in trainer/faults.py.
+Its failures (no bucket, no permission, no credentials, no answer) are worded in
+trainer/host/faults.py.
 Its libraries load only for a `gs://` run directory."""
 
 import logging
 from typing import Any
 
+from errors import kinds_of
+
 REMOTE_PREFIX = 'gs://'
 # How long the first touch of a bucket retries before the run says Cloud Storage is out of reach
 # (the client's default: 120 s); the lock's later writes keep the default's patience.
 REACH_TIMEOUT_S = 30.0
+
+
+def failures() -> tuple[type[BaseException], ...]:
+  """What a request to a run directory raises when the disk, the network or Cloud Storage fails
+  for a while: OSError (requests' errors among them), and the errors of Cloud Storage's libraries
+  where they are imported (a local run directory imports none)."""
+  return (OSError, *kinds_of('google.api_core.exceptions', 'GoogleAPIError'),
+          *kinds_of('google.auth.exceptions', 'GoogleAuthError'),
+          *kinds_of('gcsfs.retry', 'HttpError'))
 
 
 def client() -> Any:

@@ -9,7 +9,7 @@ import sys
 from etils import epath
 
 from errors import During, UserError
-from trainer.cloud_storage import REMOTE_PREFIX, reach
+from trainer.host.cloud_storage import REMOTE_PREFIX, reach
 
 URL_SCHEME = re.compile(r'([A-Za-z][A-Za-z0-9+.-]*)://')  # s3://, https://: no run directory here.
 STALE_AFTER_S = 120.0  # A Cloud Storage lock silent this long is taken over: its owner is gone.

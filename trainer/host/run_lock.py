@@ -13,9 +13,9 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from errors import During, UserError
-from trainer.cloud_storage import blob
-from trainer.host import Host
-from trainer.run_dir import RunDirectory
+from trainer.host.cloud_storage import blob, failures
+from trainer.host.boundary import Host
+from trainer.host.run_dir import RunDirectory
 
 LOCK_FILE = 'run.lock'
 
@@ -201,7 +201,7 @@ class _ObjectLock:
           continue
         self._lost.set()  # Another run took it over: this run must not write on.
         return
-      except _blips():  # A network blip: the next beat retries.
+      except failures():  # A network blip: the next beat retries.
         continue
 
   def release(self) -> None:
@@ -212,19 +212,12 @@ class _ObjectLock:
     if self._generation is not None and not self._lost.is_set():
       try:
         self._write(expected=self._generation, text='')
-      except _blips() as error:  # Never hides the run's own end.
+      except failures() as error:  # Never hides the run's own end.
         self._warn(f'could not release the run lock of {self._workdir} ({type(error).__name__}); '
                    f'the next run takes it over once it is silent for {self._stale_after:.0f} s')
 
   def lost(self) -> bool:
     return self._lost.is_set()
-
-
-def _blips() -> tuple[type[BaseException], ...]:
-  """What a request to Cloud Storage raises when the network or the service fails for a while."""
-  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top; only for gs://
-  from google.auth import exceptions as auth  # pylint: disable=g-import-not-at-top
-  return (exceptions.GoogleAPIError, auth.GoogleAuthError, OSError)  # requests' errors: OSErrors.
 
 
 def _stale_after_of(holder: str) -> float:
@@ -251,7 +244,7 @@ class RunLock:
   def __enter__(self) -> 'RunLock':
     refusal = self._holder.take() if self._host.primary else None
     self._held = self._host.primary and refusal is None
-    self._host.hold(self.release)
+    self._host.exits.hold(self.release)
     with contextlib.ExitStack() as on_refusal:  # A refusal, or a peer lost in the vote.
       on_refusal.callback(self.__exit__)
       if not self._host.on_every_process(refusal is None):
@@ -281,7 +274,7 @@ class RunLock:
 
   def __exit__(self, *exc_info: Any) -> None:
     self.release()
-    self._host.let_go(self.release)
+    self._host.exits.let_go(self.release)
 
   def release(self) -> None:
     """Lets the lock go if held, once: the run's end and a thread ending the process may both ask.

@@ -4,7 +4,7 @@ one of them is lost. Entered only where a run has several processes (Host.join).
 
 JAX aborts a process whose coordination service reports a lost peer (a C++ fatal log, a stack dump,
 exit 134), from a thread of its own and with no hook Python can use. So the run's stderr passes
-through a relay process, `python -m trainer.processes RUN_DIR COMMAND`, which outlives the abort
+through a relay process, `python -m trainer.host.peers RUN_DIR COMMAND`, which outlives the abort
 and turns it into the run's one line. And every process keeps a TCP lifeline to process 0: the
 kernel of a killed process closes it, so a lost process is known within milliseconds, wherever the
 others wait (JAX learns of it at once in a collective, but in a barrier of its coordination
@@ -14,6 +14,7 @@ inside the functions that use it: the relay never imports it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import re
@@ -25,17 +26,15 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from errors import During, UserError, causes
 from library_errors import JAX_ABORT, PEER_LOST
-from trainer.host import Launch, nowhere, this_command
-from trainer.run_dir import RunDirectory
-
-if TYPE_CHECKING:
-  from trainer.host import Host
+from trainer.host.exits import Exits, error_line, nowhere, on_stop_signals, this_command
+from trainer.host.cloud_storage import failures
+from trainer.host.run_dir import RunDirectory
 
 # JAX's own deadline is set this much later than ours, so that a missing peer ends in our one line
 # rather than in JAX aborting the process with a stack dump.
@@ -45,7 +44,7 @@ _JAX_GRACE_S = 30
 # only when this runs out; a dead peer's closed connections are noticed at once. At 20 s, processes
 # starved of CPU on a loaded machine (and a job paused for 20 s) were taken for lost.
 HEARTBEAT_TIMEOUT_S = 60
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOST = 'a process of the run was lost'
 SAVE_IN_FLIGHT_S = 5.0  # How long a survivor waits for a checkpoint being written before its line.
 BYE = b'.'  # Sent on a lifeline by a process that ends of its own accord (not os._exit, a kill).
@@ -54,7 +53,29 @@ _SHARED_BYTES = 256  # Process 0's port, token and host name, broadcast to the o
 _CONNECT_TIMEOUT_S = 10.0
 
 
-def join(launch: Launch, host: Host, run_dir: RunDirectory) -> Peers:
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """How a process was launched: jax.distributed.initialize's arguments, as the flags give them.
+
+  None is detected by JAX (TPU pod slice, Slurm, Open MPI); `detect` asks for that with none given.
+  """
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
+  detect: bool = False
+  initialization_timeout: int = 300  # Seconds for every process to join.
+
+  def given(self) -> dict[str, Any]:
+    named = {'coordinator_address': self.coordinator_address,
+             'num_processes': self.num_processes, 'process_id': self.process_id}
+    return {name: value for name, value in named.items() if value is not None}
+
+  def several(self) -> bool:
+    """Whether the launch names a multi-process run."""
+    return bool(self.given()) or self.detect
+
+
+def join(launch: Launch, exits: Exits, run_dir: RunDirectory) -> Peers:
   """Joins the run (`jax.distributed.initialize`, which JAX refuses once any computation has run),
   starts JAX's backend, and sets up the relay and the lifelines; a peer that has not joined within
   the launch's timeout ends this process in one line."""
@@ -65,12 +86,12 @@ def join(launch: Launch, host: Host, run_dir: RunDirectory) -> Peers:
   if address is not None and launch.process_id == 0:
     check_port_free(address)
   import jax  # pylint: disable=g-import-not-at-top; keeps --help and flag errors fast
-  from trainer import backend  # pylint: disable=g-import-not-at-top
+  from trainer.host import backend  # pylint: disable=g-import-not-at-top
   if 'JAX_LOGGING_LEVEL' not in os.environ:
     # JAX's native logs only when fatal: its coordination service logs a lost peer at length, and
     # the run says it in one line.
     jax.config.update('jax_logging_level', 'CRITICAL')
-  watchdog = threading.Timer(timeout, host.fail_now, args=(
+  watchdog = threading.Timer(timeout, exits.fail_now, args=(
       f'not every process joined the run within {timeout}s; start all '
       f'{launch.num_processes or "the"} processes with the same --coordinator_address (process '
       '0\'s HOST:PORT, reachable from the others) and each its own --process_id', 1))
@@ -82,7 +103,8 @@ def join(launch: Launch, host: Host, run_dir: RunDirectory) -> Peers:
                                heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   backend.start()
   _mute_native_stdout()
-  peers = Peers(host, run_dir, jax.process_index(), _start_relay(run_dir))
+  exits.relay = _start_relay(run_dir)
+  peers = Peers(exits, run_dir, jax.process_index())
   peers.watch(address)
   return peers
 
@@ -134,10 +156,9 @@ class Peers:
   """The run's processes, seen from this one: their collectives, and this process's end when one
   of them is lost. Every process must make the same calls."""
 
-  def __init__(self, host: Host, run_dir: RunDirectory, index: int,
-               relay: subprocess.Popen | None = None):
+  def __init__(self, exits: Exits, run_dir: RunDirectory, index: int):
     self.index = index  # This process's: jax.process_index().
-    self._host, self._run_dir, self._relay = host, run_dir, relay
+    self._exits, self._run_dir = exits, run_dir
     self._ending = threading.Lock()  # Held by the first thread to end the process for a lost peer.
 
   def true_everywhere(self, ok: bool) -> bool:
@@ -186,16 +207,7 @@ class Peers:
       threading.Event().wait()  # The other thread is ending the process.
     _hold_stderr()  # JAX, where it aborts the process now, waits for this line.
     _wait_for_saves_in_flight(self._run_dir)
-    self._host.fail_now(lost_peer_line(self._run_dir, this_command()), 1)
-
-  def let_the_relay_finish(self) -> None:
-    """Once this process's last line is written, the relay passes it on before the exit."""
-    if self._relay is None:
-      return
-    sys.stderr.flush()
-    nowhere(sys.stderr)  # The relay's pipe closes: it writes what it has, ends.
-    with contextlib.suppress(subprocess.TimeoutExpired):
-      self._relay.wait(timeout=5)
+    self._exits.fail_now(lost_peer_line(self._run_dir, this_command()), 1)
 
   def watch(self, coordinator_address: str | None) -> None:
     """Connects every process to process 0 (a collective) and ends this one in the run's line from
@@ -235,7 +247,7 @@ def _start_relay(run_dir: RunDirectory) -> subprocess.Popen | None:
   read, write = os.pipe()
   try:  # The run directory by its absolute name: the relay runs from the project's root.
     relay_process = subprocess.Popen(
-        [sys.executable, '-m', 'trainer.processes', run_dir.name, this_command()], stdin=read,
+        [sys.executable, '-m', 'trainer.host.peers', run_dir.name, this_command()], stdin=read,
         stdout=subprocess.DEVNULL, cwd=ROOT)
   except OSError:
     os.close(write)
@@ -283,7 +295,7 @@ def _wait_for_saves_in_flight(run_dir: RunDirectory) -> None:
   """Gives a checkpoint being written, newer than the complete ones, a few seconds to complete: the
   line then names the checkpoint a rerun resumes from (one this process cut short is never used)."""
   deadline = time.monotonic() + SAVE_IN_FLIGHT_S
-  with contextlib.suppress(Exception):  # The storage unreachable too: the line says so.
+  with contextlib.suppress(*failures()):  # The storage unreachable too: the line says so.
     newest = max(run_dir.checkpoint_epochs(), default=0)
     while any(epoch > newest for epoch in _epochs_in_flight(run_dir)):
       if time.monotonic() > deadline:
@@ -295,7 +307,7 @@ def _wait_for_saves_in_flight(run_dir: RunDirectory) -> None:
 def lost_peer_line(run_dir: RunDirectory, command: str) -> str:
   """What every surviving process says: the run stopped, where it resumes, and how."""
   newest, where = None, f'the run directory {run_dir} cannot be read now'
-  with contextlib.suppress(Exception):  # The storage is unreachable too: said so.
+  with contextlib.suppress(*failures()):  # The storage is unreachable too: said so.
     newest = max(run_dir.checkpoint_epochs(), default=None)
     where = (f'the newest checkpoint is epoch {newest} in {run_dir}' if newest is not None else
              f'no checkpoint was saved yet in {run_dir}')
@@ -309,10 +321,10 @@ def relay(lines: Iterable[bytes], out: BinaryIO, lost_line: Callable[[], str]) -
   lines = iter(lines)
   for line in lines:
     if JAX_ABORT in line:
-      line = f'error: {" ".join(lost_line().split())}\n'.encode()
+      line = f'{error_line(lost_line())}\n'.encode()
     out.write(line)
     out.flush()
-    if line.startswith(f'error: {LOST}'.encode()):
+    if line.startswith(error_line(LOST).encode()):
       break
   for _ in lines:  # The rest (a stack dump, a second report) is dropped; the writer never blocks.
     pass
@@ -403,8 +415,7 @@ class _Lifelines:
 def _relay_main(argv: list[str]) -> None:
   """The relay ends when the run's stderr closes: a Ctrl-C or a SIGTERM to the whole job is the
   run's to handle, and its last lines still have to reach the user."""
-  from trainer.host import Host  # pylint: disable=g-import-not-at-top
-  Host.ignore_signals()
+  on_stop_signals(signal.SIG_IGN)
   relay(sys.stdin.buffer, sys.stderr.buffer, lambda: lost_peer_line(RunDirectory(argv[1]), argv[2]))
 
 
