@@ -92,6 +92,7 @@ def with_driver(url: str) -> str:
 def open_storage(optuna: types.ModuleType, url: str) -> Any:
   """The storage the URL names, opened (its tables made where new): an RDB with heartbeats, or a
   journal file; one that cannot be opened is the UserError naming it."""
+  import sqlalchemy.exc  # pylint: disable=g-import-not-at-top; Optuna's, loaded with it
   try:
     with _quiet(optuna):
       if url.startswith(JOURNAL):
@@ -100,9 +101,7 @@ def open_storage(optuna: types.ModuleType, url: str) -> Any:
       return optuna.storages.RDBStorage(
           with_driver(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
           heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
-  except ImportError:
-    raise  # A database's driver this Python lacks: the missing module's own line.
-  except Exception as error:  # SQLAlchemy's, or the OS's: the storage is not there to use.
+  except (sqlalchemy.exc.SQLAlchemyError, OSError) as error:  # Not there to use, or no such URL.
     raise UserError(f'cannot open the study storage --search_storage={url} '
                     f'({type(error).__name__}: {error_reason(error)}); pass a PostgreSQL URL '
                     '(postgresql://USER:PASSWORD@HOST/DATABASE) whose server runs, or a '
@@ -170,11 +169,12 @@ class Heartbeat:
     self._ids = [self._ids[all_numbers.index(n)] for n in numbers]
 
   def _beat(self) -> None:
+    import sqlalchemy.exc  # pylint: disable=g-import-not-at-top; an RDB storage's, loaded
     while not self._stop.wait(HEARTBEAT_S):
       try:
         for trial_id in list(self._ids):
           self._storage.record_heartbeat(trial_id)
-      except Exception as error:  # pylint: disable=broad-except; raised on the main thread
+      except sqlalchemy.exc.SQLAlchemyError as error:  # Raised on the main thread, by check().
         self._error = error
         return
 
