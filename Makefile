@@ -48,7 +48,7 @@ $(error error: ACCELERATOR=$(ACCELERATOR) names no accelerator of JAX's, and pip
   for the CPU)
 endif
 REQUIREMENTS := requirements.txt requirements/tfds.txt requirements/profile.txt requirements/dev.txt \
-  requirements/onnx.txt
+  requirements/onnx.txt requirements/search.txt
 
 .PHONY: train test test-all test-numbers-every-isa lint lock clean-env
 
@@ -105,7 +105,7 @@ UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.1
   --custom-compile-command 'make lock'
 lock: $(VENV)/installed-dev
 	$(UV_COMPILE) requirements/core.in -o requirements.txt
-	constraints="-c requirements.txt"; for extra in tfds profile dev onnx; do \
+	constraints="-c requirements.txt"; for extra in tfds profile dev onnx search; do \
 	  $(UV_COMPILE) requirements/$$extra.in $$constraints -o requirements/$$extra.txt || exit 1; \
 	  constraints="$$constraints -c requirements/$$extra.txt"; done
 

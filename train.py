@@ -45,6 +45,13 @@ _LOCK_STALE_AFTER = flags.DEFINE_float(
 _PRINT_CONFIG = flags.DEFINE_bool(
     'print_config', False, 'Print every field of the config, with the overrides applied, as the '
     'flags that set them, then exit without training.')
+_SEARCH_STORAGE = flags.DEFINE_string(
+    'search_storage', None, "Where a search's study is kept, for launches to share it: an RDB "
+    'URL (postgresql://USER:PASSWORD@HOST/DATABASE) or journal:PATH, a journal file on a shared '
+    'filesystem (default: sqlite:///<workdir>/study.db).')
+_SEARCH_STUDY = flags.DEFINE_string(
+    'search_study', None, "The search's study, which every launch that names it joins (default: "
+    "the run directory's name).")
 _COMPILATION_CACHE = flags.DEFINE_string(
     'compilation_cache', None, 'Folder of compiled programs that later launches load instead of '
     'compiling (default: $JAX_COMPILATION_CACHE_DIR if set, else '
@@ -99,7 +106,10 @@ def main(argv: list[str], host: Host) -> None:
   compile_cache.enable(_COMPILATION_CACHE.value, host.warn)
   plan = resolve(config)  # The run resolved once: its devices checked before any work.
   with host.phase(Phase.EPOCHS), compile_cache.one_warning(host.warn):
-    if config.eval_only:
+    if config.search.trials:
+      from trainer import search
+      search.search(config, run_dir, host, _SEARCH_STORAGE.value, _SEARCH_STUDY.value)
+    elif config.eval_only:
       evaluation.evaluate_checkpoint(plan, run_dir, host)
     else:
       loop.train_and_evaluate(plan, run_dir, host)

@@ -21,7 +21,7 @@ from absl import flags
 from benchmarks import workload
 from benchmarks.collectives import collectives
 from errors import UserError
-from trainer.host import Host
+from trainer.host.boundary import Host
 
 _NUM_MODELS = flags.DEFINE_integer('num_models', 8, 'Members (a multiple of the device count).')
 _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed epochs of each placement (at least 1).')

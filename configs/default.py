@@ -31,6 +31,7 @@ def get_config(splits: str = 'test') -> ml_collections.ConfigDict:
   config.model = _model()
   config.data = _data(splits)
   config.sweep = _sweep()
+  config.search = _search()
   return config
 
 
@@ -94,6 +95,24 @@ def _sweep() -> ml_collections.ConfigDict:
   sweep.label_smoothing = ()
   sweep.model = ml_collections.ConfigDict(dict(dropout_rate=()))
   return sweep
+
+
+def _search() -> ml_collections.ConfigDict:
+  """An Optuna search over ranges of these fields (docs/search.md): `trials` trials, asked in
+  batches of `side_by_side`, each batch's trials trained side by side in one program (times
+  num_models seeds): `--config.search.trials=32 --config.search.learning_rate="(1e-4, 1e-2)"`."""
+  search = ml_collections.ConfigDict()
+  search.trials = 0  # Trials the study holds at the end (not failed); 0: no search.
+  search.side_by_side = 8  # Trials per program.
+  # (low, high), or () for the config's own value: learning_rate and weight_decay on a log scale,
+  # label_smoothing and model.dropout_rate on a linear one.
+  search.learning_rate = ()
+  search.weight_decay = ()  # For optimizer=adamw.
+  search.label_smoothing = ()
+  search.model = ml_collections.ConfigDict(dict(dropout_rate=()))
+  search.sampler = 'tpe'  # tpe | gp | random (Optuna's samplers; tpe and random seeded by seed).
+  search.pruner = 'hyperband'  # hyperband | median | none (Optuna's pruners, by epoch).
+  return search
 
 
 def _data(splits: str) -> ml_collections.ConfigDict:

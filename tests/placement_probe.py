@@ -19,7 +19,7 @@ from tests.parallel_probe import RESUMABLE
 from trainer import loop
 from trainer.plan import resolve
 from trainer.programs import compile_programs
-from trainer.run_dir import RunDirectory
+from trainer.host.run_dir import RunDirectory
 
 # 8 members: 2 learning rates x 2 label smoothings (each member's own optimizer and loss values)
 # x seeds 1 and 2, on the parallel tests' small model and data. Seeds 1 and 2, as the parallel

@@ -309,7 +309,7 @@ FROM_THE_DEFAULT = ('from configs import default\n\ndef get_config():\n'
     ('SEED = 1\n', 'error: the config file {file} has no get_config(); define one that returns an '
      'ml_collections.ConfigDict, or pass --config=configs/default.py'),
     (PARTIAL_CONFIG, 'error: the config file {file} lacks the fields batch_size, '
-     'checkpoint_every_epochs, checkpoint_min_seconds, data.dir and 35 more; build it as every '
+     'checkpoint_every_epochs, checkpoint_min_seconds, data.dir and 43 more; build it as every '
      'config in configs/ does: `from configs import default`, `config = default.get_config()`, '
      'then change fields'),
     (FROM_THE_DEFAULT + '  config.lerning_rate = 0.1\n  return config\n',

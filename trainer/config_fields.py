@@ -94,13 +94,21 @@ def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -
           f'{"them" if len(unread) > 1 else "it"}')
 
 
+# The groups whose fields name fields that vary, and what each gives a value of its own to.
+VARYING_GROUPS = {'sweep': 'run', 'search': 'search'}
+
+
 def unsweepable(name: str) -> str | None:
-  """The line for a sweep of a field that no sweep can vary (None for any other name)."""
-  field = name.removeprefix('sweep.')
-  if field == name or field in VARIABLE:
+  """The line for a sweep or a search of a field that neither can vary (None for any other name,
+  and for the search's own settings, which a config has)."""
+  group, _, field = name.partition('.')
+  if group not in VARYING_GROUPS or not field or field in VARIABLE:
     return None
-  return (f'{field} cannot vary inside one program: a sweep varies {", ".join(VARIABLE)}; give '
-          f'each value of {field} its own run (--config.{field}=VALUE --workdir=...)')
+  if group == 'search' and field not in field_names(default.get_config()):
+    return None  # A typo of a search setting (search.trails): the config's line names the field.
+  return (f'{field} cannot vary inside one program: a {group} varies {", ".join(VARIABLE)}; give '
+          f'each value of {field} its own {VARYING_GROUPS[group]} (--config.{field}=VALUE '
+          '--workdir=...)')
 
 
 def close_field(name: str, names: list[str]) -> str | None:

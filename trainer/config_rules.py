@@ -16,12 +16,16 @@ from mlp.augment import Distortion
 from mlp.model import DTYPES
 from mlp.optim import OPTIMIZERS, SCHEDULES
 from trainer import members
-from trainer.config_fields import VARIABLE, field_problem, fields
+from trainer.config_fields import VARIABLE, field_problem, fields, value_at
 
 PARALLEL_MODES = ('auto', 'jit', 'mesh', 'pmap')
 MATMUL_PRECISIONS = ('default', 'high', 'highest')  # jax.default_matmul_precision's names.
+# Optuna's samplers and pruners a search may name (trainer/search.py builds them), default first.
+SAMPLERS = ('tpe', 'gp', 'random')
+PRUNERS = ('hyperband', 'median', 'none')
 CHOICES = {'optimizer': OPTIMIZERS, 'schedule': SCHEDULES, 'parallel': PARALLEL_MODES,
-           'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES}
+           'dtype': tuple(DTYPES), 'matmul_precision': MATMUL_PRECISIONS, 'data.source': SOURCES,
+           'search.sampler': SAMPLERS, 'search.pruner': PRUNERS}
 # Fields that take an integer, or a finite number (nan and inf fail only once compiled, or never):
 # what each must be, as words and as a test of a value of that kind, and a value to suggest.
 INTEGERS = {
@@ -32,6 +36,8 @@ INTEGERS = {
     'seed': (f'an integer from 0 to {2**32 - 1} (a JAX key holds 32 bits)',
              lambda n: 0 <= n < 2**32, '0'),
     'num_devices': ('an integer >= 0', lambda n: n >= 0, 'N'),
+    'search.trials': ('an integer >= 0 (0: no search)', lambda n: n >= 0, '32'),
+    'search.side_by_side': ('a positive integer', lambda n: n >= 1, '8'),
     'profile_epoch': ('an integer >= 0', lambda n: n >= 0, 'N'),
     'data.max_shift': ('an integer from 0 to 8 pixels', lambda n: 0 <= n <= 8, '1')}
 
@@ -55,6 +61,10 @@ NUMBERS = {
     'model.dropout_rate': ('a number in [0, 1)', lambda x: 0 <= x < 1, '0.2'),
     **{f'data.distort.{name}': (f'a number from {low} to {high}', _between(low, high), str(example))
        for name, (low, high, example) in DISTORTION_RANGES.items()}}
+# A search's fields searched on a log scale (the others on a linear one), and a range to suggest.
+LOG_SCALED = ('learning_rate', 'weight_decay')
+EXAMPLE_RANGES = {'learning_rate': (1e-4, 1e-2), 'weight_decay': (1e-5, 1e-1),
+                  'label_smoothing': (0.0, 0.2), 'model.dropout_rate': (0.0, 0.5)}
 # Fields that take a string: what it names, and a value to suggest (a split's syntax: parse_split).
 STRINGS = {'data.dir': ("a folder, or '' for the copy in data/mnist", "''"),
            'data.tfds_data_dir': ("a folder, or '' for TFDS's default", "''"),
@@ -72,6 +82,9 @@ FREE_FIELDS = frozenset({
 DEFAULTS_OF_NEWER_FIELDS = {
     'dtype': 'float32', 'label_smoothing': 0.0, 'num_models': 1,
     **{f'sweep.{name}': [] for name in VARIABLE},  # As JSON saves an empty tuple.
+    **{f'search.{name}': [] for name in VARIABLE},
+    'search.trials': 0, 'search.side_by_side': 8, 'search.sampler': SAMPLERS[0],
+    'search.pruner': PRUNERS[0],
     **{f'data.distort.{name}': value for name, value in dataclasses.asdict(Distortion()).items()}}
 
 
@@ -106,6 +119,8 @@ def _check_each_field(flat: dict[str, Any]) -> None:
     if flat[field] not in choices:
       raise ConfigError(field, f'must be one of {", ".join(choices)}', flat[field], choices[0])
   _check_sweep(flat)
+  for name in VARIABLE:
+    _check_range(name, flat[f'search.{name}'])
 
 
 def _check_sweep(flat: dict[str, Any]) -> None:
@@ -116,6 +131,66 @@ def _check_sweep(flat: dict[str, Any]) -> None:
             and all(_is_number(value) and within(value) for value in values)):
       raise ConfigError(f'sweep.{name}', f'must be a tuple of values of {name}, each {kind}',
                         values, f'"({fix}, {float(fix) * 2:g})"')
+
+
+def _range_text(low: float, high: float) -> str:
+  """A range as a flag's quoted value: `"(0.0001, 0.01)"`."""
+  return f'"({low:g}, {high:g})"'
+
+
+def _check_range(name: str, bounds: Any) -> None:
+  """A searched field's range: () or (low, high), low below high, above 0 on a log scale, and
+  both ends values the field itself takes."""
+  field, (kind, within, _) = f'search.{name}', NUMBERS[name]
+  example = _range_text(*EXAMPLE_RANGES[name])
+  is_tuple = isinstance(bounds, (tuple, list))
+  if is_tuple and not bounds:
+    return
+  if not (is_tuple and len(bounds) == 2 and all(_is_number(end) for end in bounds)):
+    raise ConfigError(field, f'must be () or a range (low, high) of {name}', bounds, example)
+  low, high = bounds
+  if low >= high:
+    raise ConfigError(field, 'must run from low to high, (low, high)', bounds,
+                      _range_text(high, low) if low > high else example)
+  if name in LOG_SCALED and low <= 0:
+    raise ConfigError(field, f'is searched on a log scale, which cannot reach {low!r}: its low '
+                      'end must be above 0', bounds, _range_text(high / 100, high))
+  if not (within(low) and within(high)):
+    raise ConfigError(field, f'must lie within the values of {name}, each {kind}', bounds,
+                      example)
+
+
+def searched(config: ml_collections.ConfigDict) -> dict[str, tuple[float, float]]:
+  """The searched fields and their ranges, in VARIABLE's order; empty when none is given."""
+  return {name: tuple(value_at(config.search, name)) for name in VARIABLE
+          if value_at(config.search, name)}
+
+
+def _check_search(config: ml_collections.ConfigDict) -> None:
+  """A search's fields together: ranges and trials both or neither, no sweep beside it, nothing
+  it cannot search or run with."""
+  ranges, trials = searched(config), config.search.trials
+  if ranges and not trials:
+    raise ConfigError('search.trials', f'must be at least 1 to search the ranges given '
+                      f'({", ".join(f"search.{name}" for name in ranges)})', trials, '32')
+  if not trials:
+    return
+  if not ranges:
+    raise UserError(f'search.trials={trials} asks for a search, and no range is given to search; '
+                    'give one, e.g. --config.search.learning_rate="(1e-4, 1e-2)", or pass '
+                    '--config.search.trials=0')
+  if members.swept(config):
+    raise UserError('a sweep and a search cannot share a run: the sweep trains the values given '
+                    f'({", ".join(f"sweep.{name}" for name in members.swept(config))}), the search '
+                    'the values Optuna asks for; give each its own run (--config.search.trials=0, '
+                    'or --config.sweep.FIELD="()")')
+  if 'weight_decay' in ranges and config.optimizer != 'adamw':
+    raise ConfigError('search.weight_decay', 'searches the weight decay of optimizer=adamw alone, '
+                      f'and the optimizer is {config.optimizer}', config.search.weight_decay,
+                      '"()"')
+  if config.eval_only:
+    raise ConfigError('eval_only', 'must be False in a search: its trials keep no checkpoint to '
+                      'evaluate', config.eval_only, 'false')
 
 
 def _check_together(config: ml_collections.ConfigDict) -> None:
@@ -145,6 +220,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   _check_each_field(fields(config))
   _check_together(config)
   members.check(config)
+  _check_search(config)
 
 
 def settings_to_warn_of(config: ml_collections.ConfigDict) -> list[str]:
@@ -180,11 +256,15 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], checkpoint: 
   """Refuses to resume a checkpoint (named by `checkpoint`) trained with other numbers."""
   names = config_mismatches(saved, current)
   if names:
-    then = ', '.join(f'{name}={_show(saved.get(name))}' for name in names)
-    now = ', '.join(f'{name}={_show(current.get(name))}' for name in names)
+    then, now = named_values(saved, names), named_values(current, names)
     raise UserError(f'{checkpoint} was saved with {then}, but this run has {now}; rerun with the '
                     'checkpoint\'s values to resume it, or pass a new --workdir to start another '
                     'run')
+
+
+def named_values(flat: dict[str, Any], names: list[str]) -> str:
+  """Fields of a flat config as the user writes them: `num_epochs=3, sweep.learning_rate=(0.1,)`."""
+  return ', '.join(f'{name}={_show(flat.get(name))}' for name in names)
 
 
 def _show(value: Any) -> str:

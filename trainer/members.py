@@ -50,7 +50,7 @@ def grid(config: ml_collections.ConfigDict) -> tuple[Member, ...]:
 
 # The flags of a run's command that a member's own command replaces.
 REPLACED = ('--config.sweep.', '--config.seed=', '--config.num_models=', '--config.eval_only',
-            '--workdir=')
+            '--workdir=', '--config.search.', '--search_storage=', '--search_study=')
 
 
 def command_of(member: dict[str, Any], command: str, workdir: str) -> str:

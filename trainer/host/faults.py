@@ -229,6 +229,14 @@ def no_credentials(error: BaseException, marked: During | None) -> str:
           f'{CREDENTIALS_HELP}')
 
 
+@row(_of_library('sqlalchemy.exc', 'OperationalError', 'InterfaceError'))
+def study_storage_lost(error: BaseException, _: During | None) -> str:
+  """A search's study database that stopped answering mid-batch (its server down, no network)."""
+  return (f'the study storage stopped answering ({type(error).__name__}: '
+          f'{clipped(error_reason(error))}); the running trials go stale, and the same command '
+          'trains them again once the storage answers')
+
+
 @row(_of(SaveFailed))
 def save_failed(error: BaseException, _: During | None) -> str:
   """A checkpoint's save refused, naming the checkpoint a rerun resumes from."""

@@ -1,0 +1,212 @@
+"""A search driven by Optuna: its trials trained as members of one program, each as the separate
+run of its values would train; pruning that stops a trial's training; the study's storage (SQLite
+in the run directory, a journal file shared by launches); every bad input one line."""
+
+import contextlib
+import io
+import sys
+
+import optuna
+import pytest
+
+from tests.conftest import (Recorder, assert_same_numbers, line_of, make_config,
+                            member_records, read_metrics)
+from tests.test_members import SETTINGS, TRAIN_COUNT, train
+from trainer import config_file, config_rules, reporting, search
+from trainer.host.run_dir import RunDirectory
+
+# Two trials of two fields, two epochs of the members' small settings (every random draw on).
+SEARCHED = dict(search__learning_rate=(1e-3, 1e-2), search__model__dropout_rate=(0.1, 0.4),
+                search__trials=2, search__side_by_side=2)
+
+
+def run_search(workdir, storage: str | None = None, study: str | None = None,
+               host: Recorder | None = None, **overrides) -> str:
+  """Searches the members' settings with the overrides in `workdir`; returns what it printed."""
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    search.search(make_config(**{**SETTINGS, **SEARCHED, **overrides}), RunDirectory(workdir),
+                  host or Recorder(), storage, study)
+  return printed.getvalue()
+
+
+def study_of(workdir, name: str | None = None, storage: str | None = None) -> optuna.Study:
+  return optuna.load_study(study_name=name or workdir.name,
+                           storage=storage or f'sqlite:///{workdir / search.STUDY_FILE}')
+
+
+@pytest.fixture(scope='module')
+def pruned_search(tmp_path_factory, mnist_dir):
+  """Four trials in one program under Hyperband: the second trial of a rung that scores below
+  the best before it is pruned after epoch 1."""
+  workdir = tmp_path_factory.mktemp('pruned')
+  return workdir, run_search(workdir, search__trials=4, search__side_by_side=4,
+                             search__model__dropout_rate=())
+
+
+@pytest.mark.slow  # A search and a separate run: about 40 s on 2 busy cores.
+def test_a_trial_s_member_trains_as_the_separate_run_of_its_values(tmp_path, monkeypatch):
+  records: list[dict] = []
+  epoch_record = reporting.Reporter.epoch_record
+  monkeypatch.setattr(reporting.Reporter, 'epoch_record',
+                      lambda self, *args: records.append(epoch_record(self, *args)) or records[-1])
+  run_search(tmp_path / 'search', search__pruner='none')
+  searched = list(records)  # The search's epochs, not the separate run's.
+  trials = study_of(tmp_path / 'search').trials
+  assert searched[-1]['members'] == [{**each.params, 'seed': SETTINGS['seed']} for each in trials]
+  trial = trials[1]
+  train(tmp_path / 'alone', learning_rate=trial.params['learning_rate'],
+        model__dropout_rate=trial.params['model.dropout_rate'])
+  assert_same_numbers(member_records(searched, 1), read_metrics(tmp_path / 'alone'),
+                      train_count=TRAIN_COUNT)
+  assert list(trial.intermediate_values.values()) == [
+      record['eval_accuracy_by_member'][1] for record in searched]
+  assert trial.value == searched[-1]['eval_accuracy_by_member'][1]
+
+
+def test_a_pruned_trial_trains_no_more_and_its_program_is_rebuilt_without_it(pruned_search):
+  workdir, printed = pruned_search
+  trials = study_of(workdir).trials
+  pruned = [trial for trial in trials if trial.state == optuna.trial.TrialState.PRUNED]
+  assert pruned and all(list(trial.intermediate_values) == [1] for trial in pruned)
+  assert f'pruned after epoch 1: trials {pruned[0].number} (' in printed
+  last = [line for line in printed.splitlines() if line.startswith('epoch 2/2')][0]
+  assert f'(mean of {4 - len(pruned)} models' in last
+
+
+def test_the_study_holds_the_trials_asked_for_and_the_end_names_the_best(pruned_search):
+  workdir, printed = pruned_search
+  trials = study_of(workdir).trials
+  assert len(trials) == 4 and {trial.state.name for trial in trials} <= {'COMPLETE', 'PRUNED'}
+  best = max((t for t in trials if t.state.name == 'COMPLETE'), key=lambda t: t.value)
+  table = printed[printed.index('trials by eval accuracy'):].splitlines()
+  assert table[2].split()[:3] == [str(best.number), 'COMPLETE', f'{100 * best.value:.2f}%']
+  said = table[-1]
+  assert said.startswith(f'best: trial {best.number}, eval accuracy {100 * best.value:.2f}%')
+  assert f'--config.learning_rate={best.params["learning_rate"]!r}' in said
+  assert '--config.search' not in said and f'--workdir={workdir}-trial{best.number}' in said
+
+
+def test_a_search_rerun_after_its_last_trial_says_so_and_trains_nothing(pruned_search):
+  workdir, before = pruned_search
+  printed = run_search(workdir, search__trials=4, search__side_by_side=4,
+                       search__model__dropout_rate=())
+  assert printed.splitlines()[0] == (f'the study {workdir.name} in sqlite:///{workdir}/study.db '
+                                     'already holds its 4 trials; nothing to train')
+  # The table and the best, as the search ended: no epoch trained, no trial asked.
+  assert printed.splitlines()[1:] == before[before.index('trials by eval'):].splitlines()
+  assert len(study_of(workdir).trials) == 4
+
+
+@pytest.mark.slow  # Two launches: about 20 s.
+def test_launches_with_their_own_run_directories_share_a_study_in_a_journal_file(tmp_path,
+                                                                                mnist_dir):
+  storage = f'journal:{tmp_path / "study.log"}'
+  run_search(tmp_path / 'first', storage, 'shared', search__trials=1)
+  printed = run_search(tmp_path / 'second', storage, 'shared', search__trials=2)
+  assert printed.startswith('trials 1: ')
+  study = optuna.load_study(study_name='shared', storage=optuna.storages.JournalStorage(
+      optuna.storages.journal.JournalFileBackend(str(tmp_path / 'study.log'))))
+  assert [trial.number for trial in study.trials] == [0, 1]
+  assert {trial.state.name for trial in study.trials} <= {'COMPLETE', 'PRUNED'}
+  assert (tmp_path / 'first' / 'run.lock').exists() and (tmp_path / 'second').is_dir()
+
+
+@pytest.mark.slow  # A batch stopped, then trained again: about 30 s.
+def test_a_search_stopped_by_a_signal_trains_its_trials_again_with_their_values(tmp_path,
+                                                                               mnist_dir):
+  workdir = tmp_path / 'run'
+  said = line_of(lambda: run_search(workdir, host=Recorder(stop_after=1), search__pruner='none'))
+  assert said.startswith('stopped by SIGTERM after epoch 1; trials 0, 1 were told failed and are '
+                         'queued to train again from their start: the same command goes on with '
+                         'the study: ')
+  stopped = study_of(workdir).trials
+  assert [trial.state.name for trial in stopped] == ['FAIL', 'FAIL', 'WAITING', 'WAITING']
+  printed = run_search(workdir, search__pruner='none')
+  assert printed.startswith('trials 2, 3: ')
+  again = study_of(workdir).trials[2:]
+  assert [trial.params for trial in again] == [trial.params for trial in stopped[:2]]
+  assert [trial.intermediate_values[1] for trial in again] == [
+      trial.intermediate_values[1] for trial in stopped[:2]]  # The same first epoch, bit for bit.
+  assert {trial.state.name for trial in again} == {'COMPLETE'}
+
+
+# --- Bad input: one line each, nothing written -----------------------------------------------
+
+@pytest.mark.parametrize('overrides, said', [
+    (dict(search__learning_rate=(1e-2, 1e-4)),
+     'search.learning_rate must run from low to high, (low, high), got (0.01, 0.0001); pass '
+     '--config.search.learning_rate="(0.0001, 0.01)"'),
+    (dict(search__weight_decay=(0.0, 0.1)),
+     'search.weight_decay is searched on a log scale, which cannot reach 0.0: its low end must be '
+     'above 0, got (0.0, 0.1); pass --config.search.weight_decay="(0.001, 0.1)"'),
+    (dict(search__label_smoothing=(0.0, 1.5)),
+     'search.label_smoothing must lie within the values of label_smoothing, each a number in '
+     '[0, 1), got (0.0, 1.5); pass --config.search.label_smoothing="(0, 0.2)"'),
+    (dict(search__trials=0),
+     'search.trials must be at least 1 to search the ranges given (search.learning_rate, '
+     'search.model.dropout_rate), got 0; pass --config.search.trials=32'),
+    (dict(search__learning_rate=(), search__model__dropout_rate=()),
+     'search.trials=2 asks for a search, and no range is given to search; give one, e.g. '
+     '--config.search.learning_rate="(1e-4, 1e-2)", or pass --config.search.trials=0'),
+    (dict(sweep__learning_rate=(1e-3, 2e-3)),
+     'a sweep and a search cannot share a run: the sweep trains the values given '
+     '(sweep.learning_rate), the search the values Optuna asks for; give each its own run '
+     '(--config.search.trials=0, or --config.sweep.FIELD="()")'),
+], ids=['upside down', 'log through zero', 'outside its field', 'ranges without trials',
+        'trials without a range', 'a sweep beside it'])
+def test_a_search_that_cannot_work_is_one_line_before_any_work(overrides, said):
+  assert line_of(lambda: config_rules.validate(make_config(**{**SEARCHED, **overrides}))) == said
+
+
+def test_a_shaping_field_in_the_space_is_refused_as_a_sweep_s_is():
+  assert config_file.override_problem(make_config(), [('search.batch_size', '(128, 256)')]) == (
+      'batch_size cannot vary inside one program: a search varies learning_rate, weight_decay, '
+      'label_smoothing, model.dropout_rate; give each value of batch_size its own search '
+      '(--config.batch_size=VALUE --workdir=...)')
+  assert config_file.override_problem(make_config(), [('search.trails', '3')]) == (
+      "the config has no field 'search.trails'; did you mean 'search.trials'?")
+
+
+def test_a_storage_that_cannot_be_reached_is_one_line_and_nothing_is_written(tmp_path):
+  said = line_of(lambda: run_search(tmp_path / 'run', 'postgresql://user:password@127.0.0.1:1/db'))
+  assert said.startswith('cannot open the study storage --search_storage=postgresql://user:'
+                         'password@127.0.0.1:1/db (OperationalError: ') and 'refused' in said
+  said = line_of(lambda: run_search(tmp_path / 'run', f'journal:{tmp_path}/no/such/study.log'))
+  assert said.startswith(f'cannot open the study storage --search_storage=journal:{tmp_path}/no/')
+  assert not (tmp_path / 'run').exists()
+
+
+def test_a_launch_of_another_config_is_refused_naming_the_fields(pruned_search):
+  workdir = pruned_search[0]
+  files = {path: path.read_bytes() for path in workdir.iterdir()}
+  said = line_of(lambda: run_search(workdir, search__trials=4, search__side_by_side=4,
+                                    search__model__dropout_rate=(), seed=2))
+  assert said == (f'the study {workdir.name} in sqlite:///{workdir}/study.db searches with seed=1, '
+                  'and this launch has seed=2; pass the study\'s values to join it, or '
+                  '--search_study=NAME to start a study of your own')
+  assert {path: path.read_bytes() for path in workdir.iterdir()} == files
+
+
+def test_a_search_without_its_extra_is_one_line_naming_it(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'optuna', None)
+  said = line_of(lambda: run_search(tmp_path / 'run'))
+  assert said == ('--config.search needs Optuna (import of optuna halted; None in sys.modules), '
+                  'an extra that `make train` leaves out: pip install -r requirements/search.txt, '
+                  'or train the config alone with --config.search.trials=0')
+  assert not (tmp_path / 'run').exists()
+
+
+def test_a_study_storage_that_stops_answering_mid_batch_is_one_line(tmp_path, monkeypatch):
+  """The database gone while a batch trains (its server stopped, the network down): the line says
+  what the rerun does, not a traceback."""
+  import sqlalchemy.exc  # pylint: disable=g-import-not-at-top; Optuna's, loaded with it
+
+  def gone(*_, **__):
+    raise sqlalchemy.exc.OperationalError('UPDATE trials', {}, ConnectionError('server closed '
+                                                                               'the connection'))
+  monkeypatch.setattr(optuna.trial.Trial, 'report', gone)
+  said = line_of(lambda: run_search(tmp_path / 'run'))
+  assert said.startswith('the study storage stopped answering (OperationalError: ')
+  assert said.endswith('the running trials go stale, and the same command trains them again '
+                       'once the storage answers')
