@@ -319,8 +319,11 @@ def test_recipes_refuse_a_config_file_that_is_not_there_before_any_run(tmp_path)
       'that exist, e.g. --also=configs/fast.py']
 
 
+# The modules that are not commands: the trainer's workload, and the reader of a program's
+# collectives that tests and benchmarks share.
+LIBRARIES = ('workload', 'collectives')
 BENCHMARKS = sorted(path.stem for path in (ROOT / 'benchmarks').glob('[!_]*.py')
-                    if path.stem != 'workload')  # The one module that is not a command.
+                    if path.stem not in LIBRARIES)
 
 
 @pytest.mark.parametrize('name', [
