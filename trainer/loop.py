@@ -16,6 +16,8 @@ from trainer.checkpoints import Restored
 from trainer.config_fields import config_from_flat
 from trainer.host.boundary import Host
 from trainer.plan import Plan, recipe_of
+from trainer.programs import Programs
+from trainer.reporting import Reporter
 from trainer.run import Run, open_run
 from trainer.host.run_dir import RunDirectory
 
@@ -41,7 +43,7 @@ def train_and_evaluate(plan: Plan, run_dir: RunDirectory,
     run.reporter.log(reporting.start_line(run.programs, len(run.eval)))
     record: dict[str, Any] = {}
     for epoch in range(start + 1, plan.num_epochs + 1):
-      state, record = _train_and_evaluate_epoch(run, state, epoch)
+      state, record = train_and_evaluate_epoch(run.programs, run.reporter, state, epoch)
       stop = _end_epoch(run, record)
       run.checkpoints.save(epoch, state, force=bool(stop) or epoch == plan.num_epochs)
       if stop and epoch < plan.num_epochs:
@@ -55,20 +57,20 @@ def train_and_evaluate(plan: Plan, run_dir: RunDirectory,
     return record
 
 
-def _train_and_evaluate_epoch(run: Run, state: steps.TrainState,
-                              epoch: int) -> tuple[steps.TrainState, dict[str, Any]]:
+def train_and_evaluate_epoch(programs: Programs, reporter: Reporter, state: steps.TrainState,
+                             epoch: int) -> tuple[steps.TrainState, dict[str, Any]]:
   """Trains one epoch and evaluates the result (traced, if it is the plan's profile_epoch): the new
   state and the epoch's record."""
-  programs, plan = run.programs, run.plan
-  with run.reporter.traced(epoch, wanted=epoch == plan.profile_epoch):
+  plan = programs.plan
+  with reporter.traced(epoch, wanted=epoch == plan.profile_epoch):
     start = time.perf_counter()
     state, trained = programs.train_epoch(state, epoch)
     train_seconds = time.perf_counter() - start
     evaluated = programs.evaluate(state)
     timing = (time.perf_counter() - start, train_seconds,
               plan.steps_per_epoch * plan.spec.batch_size)
-    return state, run.reporter.epoch_record(epoch, trained, evaluated, timing,
-                                            programs.learning_rate(epoch))
+    return state, reporter.epoch_record(epoch, trained, evaluated, timing,
+                                        programs.learning_rate(epoch))
 
 
 def _end_epoch(run: Run, record: dict[str, Any]) -> str | None:

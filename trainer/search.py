@@ -10,7 +10,6 @@ import importlib.util
 import os
 import signal
 import threading
-import time
 import types
 import warnings
 import zlib
@@ -25,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from data.mnist import Examples, load_splits
 from errors import ExtraMissing, UserError, error_reason
 from mlp import steps
-from trainer import config_rules, reporting, trials as trials_lib
+from trainer import config_rules, loop, reporting, trials as trials_lib
 from trainer.config_fields import flat_config
 from trainer.host.boundary import Host
 from trainer.host.exits import this_command
@@ -350,15 +349,9 @@ class _Batch:
 
   def epoch(self, number: int) -> list[float]:
     """Trains and evaluates epoch `number`, says its line, and reports each live trial's value."""
-    start = time.perf_counter()
-    self.state, trained = self.programs.train_epoch(self.state, number)
-    train_seconds = time.perf_counter() - start
-    evaluated = self.programs.evaluate(self.state)
+    self.state, record = loop.train_and_evaluate_epoch(self.programs, self.reporter, self.state,
+                                                       number)
     plan = self.programs.plan
-    record = self.reporter.epoch_record(
-        number, trained, evaluated,
-        (time.perf_counter() - start, train_seconds, plan.steps_per_epoch * plan.spec.batch_size),
-        self.programs.learning_rate(number))
     self.seconds.append(record['epoch_seconds'])
     eta = (plan.num_epochs - number) * sum(self.seconds) / len(self.seconds)
     self.found.say(reporting.format_line(record, plan.num_epochs, eta))
