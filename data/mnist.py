@@ -24,15 +24,16 @@ class Examples:
 def load_splits(data_config: ml_collections.ConfigDict, *specs: str) -> tuple[Examples, ...]:
   """Each split (TFDS slice syntax) from the configured source; each IDX file read, checked once."""
   splits = [parse_split(spec) for spec in specs]
-  if data_config.source == 'idx':
-    whole = {name: idx.load_idx(data_config.dir, name) for name in {s.name for s in splits}}
-    loaded = [tuple(array[s.start:s.stop] for array in whole[s.name]) for s in splits]
-  else:
+  if data_config.source == 'tfds':
     # pylint: disable-next=g-import-not-at-top; keeps TensorFlow off the idx path
     from data import tfds_source
     # The parsed range, written the way TFDS's own parser accepts it.
-    loaded = [tfds_source.load_tfds(f'{s.name}[{s.start}:{s.stop}]', manual_dir=data_config.dir,
-                                    data_dir=data_config.tfds_data_dir) for s in splits]
+    loaded: list[tuple[np.ndarray, ...]] = [tfds_source.load_tfds(
+        f'{s.name}[{s.start}:{s.stop}]', manual_dir=data_config.dir,
+        data_dir=data_config.tfds_data_dir) for s in splits]
+  else:
+    whole = {name: idx.load_idx(data_config.dir, name) for name in {s.name for s in splits}}
+    loaded = [tuple(array[s.start:s.stop] for array in whole[s.name]) for s in splits]
   return tuple(Examples(np.ascontiguousarray(images.reshape(len(labels), -1)), labels)
                for images, labels in loaded)
 

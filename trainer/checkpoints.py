@@ -305,13 +305,10 @@ def saved_config(run_dir: RunDirectory) -> tuple[int, dict[str, Any]] | None:
   return found
 
 
-def refuse_other_numbers(run_dir: RunDirectory, flat: dict[str, Any]) -> None:
-  """A resume whose config trains other numbers than the newest readable checkpoint's is refused
-  before the data loads and anything compiles; damage is left to Checkpoints.restore."""
-  found, _ = _newest_config(run_dir)
-  if found is not None:
-    config_rules.check_resumable(found[1], flat,
-                                 f'the checkpoint of epoch {found[0]} in {run_dir.name}')
+def readable_config(run_dir: RunDirectory) -> tuple[int, dict[str, Any]] | None:
+  """The newest checkpoint whose metadata reads and its flat config, read before the data loads
+  and anything compiles; damage is left to Checkpoints.restore."""
+  return _newest_config(run_dir)[0]
 
 
 class Checkpoints:
@@ -464,8 +461,7 @@ class Checkpoints:
                       'of the Flax Linen model this app had until 2026-11, which its Flax NNX '
                       'model does not load; pass a new --workdir to train anew, or resume it with '
                       f'the app from before (git checkout {LAST_LINEN_COMMIT})')
-    config_rules.check_resumable(meta['config'], self._config,
-                                 f'the checkpoint of epoch {epoch} in {self.directory}')
+    config_rules.check_resumable((epoch, meta['config']), self._config, self.directory)
 
   def set_aside(self, epochs: list[int]) -> list[str]:
     """Renames damaged checkpoints out of orbax's sight, kept for inspection; returns the new paths.

@@ -252,14 +252,18 @@ def config_mismatches(saved: dict[str, Any], current: dict[str, Any]) -> list[st
           if saved.get(name, absent) != current.get(name, absent)]
 
 
-def check_resumable(saved: dict[str, Any], current: dict[str, Any], checkpoint: str) -> None:
-  """Refuses to resume a checkpoint (named by `checkpoint`) trained with other numbers."""
-  names = config_mismatches(saved, current)
+def check_resumable(found: tuple[int, dict[str, Any]] | None, current: dict[str, Any],
+                    directory: str) -> None:
+  """Refuses to resume the checkpoint `found` (its epoch and flat config) trained with other
+  numbers."""
+  if found is None:
+    return
+  names = config_mismatches(found[1], current)
   if names:
-    then, now = named_values(saved, names), named_values(current, names)
-    raise UserError(f'{checkpoint} was saved with {then}, but this run has {now}; rerun with the '
-                    'checkpoint\'s values to resume it, or pass a new --workdir to start another '
-                    'run')
+    then, now = named_values(found[1], names), named_values(current, names)
+    raise UserError(f'the checkpoint of epoch {found[0]} in {directory} was saved with {then}, '
+                    f'but this run has {now}; rerun with the checkpoint\'s values to resume it, or '
+                    'pass a new --workdir to start another run')
 
 
 def named_values(flat: dict[str, Any], names: list[str]) -> str:

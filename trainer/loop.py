@@ -4,20 +4,16 @@ stops at an epoch's end when a signal asks (a preemptible machine gets a SIGTERM
 goes away)."""
 
 import math
-import time
 from typing import Any
 
 import numpy as np
 
 from errors import Stopped, UserError
-from mlp import steps
 from trainer import evaluation, reporting
 from trainer.checkpoints import Restored
 from trainer.config_fields import config_from_flat
 from trainer.host.boundary import Host
 from trainer.plan import Plan, recipe_of
-from trainer.programs import Programs
-from trainer.reporting import Reporter
 from trainer.run import Run, open_run
 from trainer.host.run_dir import RunDirectory
 
@@ -43,11 +39,14 @@ def train_and_evaluate(plan: Plan, run_dir: RunDirectory,
     run.reporter.log(reporting.start_line(run.programs, len(run.eval)))
     record: dict[str, Any] = {}
     for epoch in range(start + 1, plan.num_epochs + 1):
-      state, record = train_and_evaluate_epoch(run.programs, run.reporter, state, epoch)
+      with run.reporter.traced(epoch):
+        state, figures = run.programs.run_epoch(state, epoch)
+      record = run.reporter.epoch_record(figures)
       stop = _end_epoch(run, record)
       run.checkpoints.save(epoch, state, force=bool(stop) or epoch == plan.num_epochs)
-      if stop and epoch < plan.num_epochs:
-        _stop_once_saved(run, stop, epoch)
+      if stop and epoch < plan.num_epochs:  # Once saved; a save that failed says so instead.
+        run.checkpoints.wait(stopped=f'{stop} after epoch {epoch}')
+        raise Stopped(stop, epoch, run.run_dir.name)
     # The last save complete before the run says it is saved; its failure (a full disk) said first,
     # with the checkpoint the run resumes from, not behind a picture that could not be written.
     run.checkpoints.wait()
@@ -55,22 +54,6 @@ def train_and_evaluate(plan: Plan, run_dir: RunDirectory,
     run.reporter.draw_curves()
     run.reporter.finished(record, run.checkpoints.save_pauses)
     return record
-
-
-def train_and_evaluate_epoch(programs: Programs, reporter: Reporter, state: steps.TrainState,
-                             epoch: int) -> tuple[steps.TrainState, dict[str, Any]]:
-  """Trains one epoch and evaluates the result (traced, if it is the plan's profile_epoch): the new
-  state and the epoch's record."""
-  plan = programs.plan
-  with reporter.traced(epoch, wanted=epoch == plan.profile_epoch):
-    start = time.perf_counter()
-    state, trained = programs.train_epoch(state, epoch)
-    train_seconds = time.perf_counter() - start
-    evaluated = programs.evaluate(state)
-    timing = (time.perf_counter() - start, train_seconds,
-              plan.steps_per_epoch * plan.spec.batch_size)
-    return state, reporter.epoch_record(epoch, trained, evaluated, timing,
-                                        programs.learning_rate(epoch))
 
 
 def _end_epoch(run: Run, record: dict[str, Any]) -> str | None:
@@ -84,12 +67,6 @@ def _end_epoch(run: Run, record: dict[str, Any]) -> str | None:
   run.checkpoints.check()  # A background save that failed stops the run here.
   run.reporter.write(record)  # Before the save: a checkpoint never runs ahead of metrics.jsonl.
   return stop
-
-
-def _stop_once_saved(run: Run, stop: str, epoch: int) -> None:
-  """Raises Stopped once the epoch's checkpoint is saved; a save that failed says so instead."""
-  run.checkpoints.wait(stopped=f'{stop} after epoch {epoch}')
-  raise Stopped(stop, epoch, run.run_dir.name)
 
 
 def _check_finite(record: dict[str, Any], saved_epochs: list[int]) -> None:

@@ -21,6 +21,16 @@ from trainer.plan import AXIS, MEMBERS, Plan, Recipe
 Specs = tuple[Any, Any]  # A pass's in_specs and out_specs on the mesh.
 
 
+@dataclasses.dataclass(frozen=True)
+class Epoch:
+  """An epoch as its programs ran it: the figures the reporter records."""
+  number: int
+  trained: dict[str, Any]
+  evaluated: dict[str, Any]
+  timing: tuple[float, float, int]  # Seconds in all, seconds training, images trained.
+  learning_rate: float | list[float]  # Of members that set their own, each member's.
+
+
 def replicate(tree: Any, mesh: Mesh) -> Any:
   """Host or single-device values as global arrays, one full copy on every device of the mesh."""
   sharding = NamedSharding(mesh, P())
@@ -150,6 +160,17 @@ class Programs:
       number_on_mesh = replicate(np.int32(number), self.plan.mesh)
     state, sums = self.train_program(state, self.train_data, self.run_key, number_on_mesh)
     return state, figures(to_host(sums))
+
+  def run_epoch(self, state: steps.TrainState,
+                number: int) -> tuple[steps.TrainState, Epoch]:
+    """Trains epoch `number` from `state` (which it consumes) and evaluates the result, timed."""
+    start = time.perf_counter()
+    state, trained = self.train_epoch(state, number)
+    train_seconds = time.perf_counter() - start
+    evaluated = self.evaluate(state)
+    timing = (time.perf_counter() - start, train_seconds,
+              self.plan.steps_per_epoch * self.plan.spec.batch_size)
+    return state, Epoch(number, trained, evaluated, timing, self.learning_rate(number))
 
   @During('evaluating')
   def evaluate(self, state: steps.TrainState) -> dict[str, Any]:

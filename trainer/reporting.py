@@ -26,7 +26,7 @@ from trainer.host.exits import this_command
 from trainer.host.run_dir import RunDirectory
 from trainer.members import command_of, label
 from trainer.plan import AXIS, MEMBERS, Plan
-from trainer.programs import Programs
+from trainer.programs import Epoch, Programs
 
 METRICS_FILE = 'metrics.jsonl'
 # TensorBoard tags: a record's field with its first _ as a /, grouping train/ and eval/, or these.
@@ -187,6 +187,7 @@ class Reporter:
   def __init__(self, run_dir: RunDirectory, plan: Plan, host: Host):
     self._run_dir, self._num_epochs, self._host = run_dir, plan.num_epochs, host
     self._split, self._writes, self._seed = plan.data.eval_split, host.primary, plan.seed
+    self._profile_epoch = plan.profile_epoch
     # Members that vary fields, as each record names them (a run of seeds alone needs no names).
     self._members = [member.as_dict() for member in plan.members] if plan.varied else None
     self._records: list[dict] = []
@@ -199,14 +200,14 @@ class Reporter:
     return {'epoch': epoch, 'eval_split': self._split, **_prefixed('eval', evaluated),
             'eval_accuracy_per_digit': per_digit, **self._named_members()}
 
-  def epoch_record(self, epoch: int, trained: dict[str, Any], evaluated: dict[str, Any],
-                   timing: tuple[float, float, int], learning_rate: Any) -> dict[str, Any]:
-    """An epoch's record: its figures, its `timing` (seconds in all, seconds training, images
-    trained), its learning rate (in a sweep of it, each member's), a sweep's members."""
-    seconds, train_seconds, images = timing
-    return {'epoch': epoch, **_prefixed('train', trained), **_prefixed('eval', evaluated),
-            'epoch_seconds': seconds, 'train_images_per_second': images / train_seconds,
-            'learning_rate': learning_rate, **self._named_members()}
+  def epoch_record(self, epoch: Epoch) -> dict[str, Any]:
+    """An epoch's record: its figures, its timing, its learning rate (in a sweep of it, each
+    member's), a sweep's members."""
+    seconds, train_seconds, images = epoch.timing
+    return {'epoch': epoch.number, **_prefixed('train', epoch.trained),
+            **_prefixed('eval', epoch.evaluated), 'epoch_seconds': seconds,
+            'train_images_per_second': images / train_seconds,
+            'learning_rate': epoch.learning_rate, **self._named_members()}
 
   def _named_members(self) -> dict[str, Any]:
     """A sweep's record's names of its members (a run of seeds alone needs none)."""
@@ -261,9 +262,10 @@ class Reporter:
                     int(self._records[-1]['epoch']))
 
   @contextlib.contextmanager
-  def traced(self, epoch: int, wanted: bool) -> Iterator[None]:
-    """Traces what runs inside with jax.profiler into the run directory (TensorBoard, Perfetto)."""
-    if not (wanted and self._writes):
+  def traced(self, epoch: int) -> Iterator[None]:
+    """Traces what runs inside, if `epoch` is the plan's profile_epoch, with jax.profiler into the
+    run directory (TensorBoard, Perfetto)."""
+    if not (epoch == self._profile_epoch and self._writes):
       yield
       return
     with self._run_dir.during('writing'), jax.profiler.trace(str(self._run_dir),

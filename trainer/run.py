@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 from data.mnist import Examples, load_splits
 from mlp import steps
-from trainer.checkpoints import Checkpoints, Restored, refuse_other_numbers
+from trainer import config_rules
+from trainer.checkpoints import Checkpoints, Restored, readable_config
 from trainer.host.boundary import Host
 from trainer.plan import Plan
 from trainer.programs import Programs, compile_programs, state_template
@@ -51,14 +52,6 @@ def open_saved(plan: Plan, run_dir: RunDirectory, host: Host) -> Iterator[Saved]
     yield Saved(plan, run_dir, host, state_template(plan), checkpoints)
 
 
-def _examples(plan: Plan, evaluate_only: bool) -> tuple[Examples | None, Examples]:
-  """The training split (None when only evaluating) and the eval split."""
-  if evaluate_only:
-    return None, load_splits(plan.data, plan.data.eval_split)[0]
-  train, eval_examples = load_splits(plan.data, plan.data.train_split, plan.data.eval_split)
-  return train, eval_examples
-
-
 @contextlib.contextmanager
 def open_run(plan: Plan, run_dir: RunDirectory, host: Host,
              evaluate_only: bool = False) -> Iterator[Run]:
@@ -67,8 +60,9 @@ def open_run(plan: Plan, run_dir: RunDirectory, host: Host,
   # credentials, no permission, no network) in one line, where gcsfs would log its retries.
   if not (evaluate_only or run_dir.remote):
     run_dir.check_usable()  # A folder this user may not list is said before its checkpoints.
-    refuse_other_numbers(run_dir, plan.saved)
-  train, eval_examples = _examples(plan, evaluate_only)
+    config_rules.check_resumable(readable_config(run_dir), plan.saved, run_dir.name)
+  splits = (plan.data.train_split, plan.data.eval_split)[evaluate_only:]  # Evaluating: eval alone.
+  *train, eval_examples = load_splits(plan.data, *splits)
   reporter = Reporter(run_dir, plan, host)
   if host.primary:
     run_dir.make()  # Before the lock, whose file is in it.
@@ -77,7 +71,7 @@ def open_run(plan: Plan, run_dir: RunDirectory, host: Host,
     if not evaluate_only:  # Before orbax tidies the folder; a refusal stops every process.
       lock = stack.enter_context(RunLock(run_dir, host))
       host.check_shared_directory(run_dir)
-    programs = compile_programs(plan, train, eval_examples)
+    programs = compile_programs(plan, next(iter(train), None), eval_examples)
     checkpoints = stack.enter_context(Checkpoints(run_dir, plan, host, read_only=evaluate_only))
     yield Run(plan, run_dir, host, programs.template, checkpoints, programs, eval_examples,
               reporter, lock)

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from data.mnist import Examples, load_splits
 from errors import ExtraMissing, UserError, error_reason
 from mlp import steps
-from trainer import config_rules, loop, reporting, trials as trials_lib
+from trainer import config_rules, reporting, trials as trials_lib
 from trainer.config_fields import flat_config
 from trainer.host.boundary import Host
 from trainer.host.exits import this_command
@@ -349,8 +349,9 @@ class _Batch:
 
   def epoch(self, number: int) -> list[float]:
     """Trains and evaluates epoch `number`, says its line, and reports each live trial's value."""
-    self.state, record = loop.train_and_evaluate_epoch(self.programs, self.reporter, self.state,
-                                                       number)
+    with self.reporter.traced(number):
+      self.state, figures = self.programs.run_epoch(self.state, number)
+    record = self.reporter.epoch_record(figures)
     plan = self.programs.plan
     self.seconds.append(record['epoch_seconds'])
     eta = (plan.num_epochs - number) * sum(self.seconds) / len(self.seconds)
