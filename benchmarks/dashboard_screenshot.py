@@ -8,7 +8,7 @@ headless Chromium through Playwright.
       [--side_by_side=4] [--num_epochs=6] [--train_examples=5000] [--chromium=/usr/bin/chromium]
 
 The search is docs/search.md's over learning_rate and model.dropout_rate, on configs/quick.py's
-validation split, shorter (about a minute and a half on 2 CPU cores). The page is the study's own,
+validation split, shorter (under 2 minutes on 2 CPU cores). The page is the study's own,
 full length: its history, hyperparameter importance, timeline, best trial and every trial's
 intermediate values. Playwright drives the Chromium at --chromium and downloads no browser.
 """
