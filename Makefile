@@ -100,12 +100,13 @@ lint: $(VENV)/installed-dev
 	$(VENV_PYTHON) -m mypy
 
 # The pins, written again from requirements/*.in: one resolution, with markers, for Python 3.11 to
-# 3.14; each extra constrained by the files before it, so that they install together.
+# 3.14; each extra constrained by the files before it, so that they install together. docs (the
+# dashboard's screenshot) is pinned last, and neither make test nor CI installs it.
 UV_COMPILE = $(VENV)/bin/uv pip compile --quiet --universal --python-version 3.11 \
   --custom-compile-command 'make lock'
 lock: $(VENV)/installed-dev
 	$(UV_COMPILE) requirements/core.in -o requirements.txt
-	constraints="-c requirements.txt"; for extra in tfds profile dev onnx search; do \
+	constraints="-c requirements.txt"; for extra in tfds profile dev onnx search docs; do \
 	  $(UV_COMPILE) requirements/$$extra.in $$constraints -o requirements/$$extra.txt || exit 1; \
 	  constraints="$$constraints -c requirements/$$extra.txt"; done
 

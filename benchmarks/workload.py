@@ -216,9 +216,19 @@ def parse_flags(argv: list[str]) -> list[str]:
   return rest
 
 
-def launch_train(args: list[str], what: str) -> tuple[dict, float]:
-  """train.py with `args` (among them its --workdir), as a user launches it: its last metrics.jsonl
-  record, and the seconds from launch to exit; its failure a UserError naming `what` failed."""
+# The ranges of docs/search.md's command, which the benchmarks of the search search.
+SEARCH_RANGES = {'learning_rate': (1e-4, 1e-2), 'model.dropout_rate': (0.0, 0.5)}
+
+
+def search_args(trials: int, side_by_side: int) -> list[str]:
+  """train.py's flags of a search over SEARCH_RANGES: `trials` trials, `side_by_side` a program."""
+  return [f'--config.search.trials={trials}', f'--config.search.side_by_side={side_by_side}',
+          *(f'--config.search.{name}={bounds}' for name, bounds in SEARCH_RANGES.items())]
+
+
+def run_train(args: list[str], what: str) -> float:
+  """train.py with `args`, as a user launches it: the seconds from launch to exit; its failure a
+  UserError naming `what` failed."""
   start = time.perf_counter()
   out = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
                        text=True, check=False)
@@ -226,6 +236,13 @@ def launch_train(args: list[str], what: str) -> tuple[dict, float]:
   if out.returncode != 0:
     said = (out.stderr.strip().splitlines() or [f'exit status {out.returncode}'])[-1]
     raise UserError(f'{what} failed: {said.removeprefix("error: ")}')
+  return seconds
+
+
+def launch_train(args: list[str], what: str) -> tuple[dict, float]:
+  """train.py with `args` (among them its --workdir), as a user launches it: its last metrics.jsonl
+  record, and the seconds from launch to exit; its failure a UserError naming `what` failed."""
+  seconds = run_train(args, what)
   workdir = next(arg.split('=', 1)[1] for arg in args if arg.startswith('--workdir='))
   with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as metrics:
     return json.loads(metrics.read().splitlines()[-1]), seconds

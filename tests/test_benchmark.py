@@ -4,6 +4,7 @@ Timings here prove nothing (the sizes are tiny); the checks are on what could si
 keys, figures that must agree with each other, the same-training check and the start-up probe.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -317,6 +318,34 @@ def test_recipes_refuse_a_config_file_that_is_not_there_before_any_run(tmp_path)
   assert out.stderr.strip().splitlines() == [
       f'error: no config file {tmp_path}/nope.py (a path from {ROOT}, or absolute); pass files '
       'that exist, e.g. --also=configs/fast.py']
+
+
+@pytest.mark.parametrize('args, said', [
+    (['--trials=7'], '--trials=7 is no product of two numbers of 2 or more, and the grid takes '
+                     'values of each field that multiply to it; pass e.g. --trials=16 (4 x 4) or '
+                     '--trials=32 (8 x 4)'),
+    (['--eval_examples=10001'], '--train_examples=50000 and --eval_examples=10001 must stay within '
+                                "the validation split's 50000 and 10000; pass at most those")])
+def test_search_vs_grid_refuses_a_budget_it_cannot_spend_before_any_launch(args, said):
+  """Else a grid of 7 trials that is no grid, or a split past the validation split's, is found
+  minutes in."""
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.search_vs_grid', *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode == 2 and out.stdout == ''
+  assert out.stderr.strip().splitlines() == [f'error: {said}']
+
+
+@pytest.mark.skipif(importlib.util.find_spec('playwright') is not None,
+                    reason='the docs extra is installed here')
+def test_dashboard_screenshot_without_the_docs_extra_is_one_line_naming_it():
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.dashboard_screenshot'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+  assert out.returncode != 0 and out.stdout == ''
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      'error: benchmarks.dashboard_screenshot needs optuna-dashboard and Playwright ('), lines
+  assert lines[0].endswith('an extra that `make train` leaves out: pip install -r '
+                           'requirements/docs.txt, or keep docs/search-dashboard.png as it is')
 
 
 # The modules that are not commands: the trainer's workload, and the reader of a program's
