@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
 from configs import default
 from data.mnist import Examples, load_splits
@@ -395,9 +395,10 @@ class _Batch:
   def _compiled(self) -> tuple[Programs, reporting.Reporter]:
     config, shards = batch_config(self.found.config, len(self.members))
     if config is not self.found.config:
+      numbers = _listed([trial.number for trial in self.live])
       self.found.say(f'member_shards={self.found.config.member_shards} does not divide the '
-                     f'{len(self.members)} models of trials {_listed([t.number for t in self.live])}'
-                     f': they train over {shards} member shard{"s" if shards > 1 else ""}')
+                     f'{len(self.members)} models of trials {numbers}: they train over {shards} '
+                     f'member shard{"s" if shards > 1 else ""}')
     plan = resolve(config, self.members)
     return (compile_programs(plan, *self.found.examples),
             reporting.Reporter(self.found.run_dir, plan, self.found.host))
