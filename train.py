@@ -104,9 +104,10 @@ def main(argv: list[str], host: Host) -> None:
   for note in config_rules.settings_to_warn_of(config):
     host.warn(note)
   compile_cache.enable(_COMPILATION_CACHE.value, host.warn)
-  plan = resolve(config)  # The run resolved once: its devices checked before any work.
+  # The run resolved once: its devices checked before any work (a search's, each batch's).
+  plan = None if config.search.trials else resolve(config)
   with host.phase(Phase.EPOCHS), compile_cache.one_warning(host.warn):
-    if config.search.trials:
+    if plan is None:
       from trainer import search
       search.search(config, run_dir, host, _SEARCH_STORAGE.value, _SEARCH_STUDY.value)
     elif config.eval_only:

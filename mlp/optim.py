@@ -55,6 +55,12 @@ def with_injected(opt_state: optax.OptState, values: dict[str, object]) -> optax
       for name, value in values.items()})
 
 
+def plain_state(opt_state: optax.OptState) -> optax.OptState:
+  """The state of make_optimizer's optimizer inside an injected optimizer's state (its values set
+  aside): what the run of one member's values keeps, whose optimizer takes them as constants."""
+  return opt_state.inner_state
+
+
 def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
   """A name outside `choices` is refused: it would train with the last one instead."""
   if value not in choices:

@@ -74,6 +74,12 @@ def config_from_flat(flat: dict[str, Any]) -> ml_collections.ConfigDict:
   return config
 
 
+def with_values(config: ml_collections.ConfigDict,
+                values: dict[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of the config with these fields (by dotted name) at these values."""
+  return config_from_flat({**flat_config(config), **json.loads(json.dumps(values))})
+
+
 def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -> str | None:
   """The line for a config whose fields are not the default's (None if they are): a field missing
   fails the run where it is first read, a field of its own is never read."""

@@ -189,8 +189,9 @@ def _check_search(config: ml_collections.ConfigDict) -> None:
                       f'and the optimizer is {config.optimizer}', config.search.weight_decay,
                       '"()"')
   if config.eval_only:
-    raise ConfigError('eval_only', 'must be False in a search: its trials keep no checkpoint to '
-                      'evaluate', config.eval_only, 'false')
+    raise ConfigError('eval_only', 'must be False in a search, which trains its trials; each '
+                      "trial's run directory (the search's trials/NUMBER) evaluates as any run's",
+                      config.eval_only, 'false')
 
 
 def _check_together(config: ml_collections.ConfigDict) -> None:

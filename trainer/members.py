@@ -49,8 +49,10 @@ def grid(config: ml_collections.ConfigDict) -> tuple[Member, ...]:
 
 
 # The flags of a run's command that a member's own command replaces.
+# member_shards too: it spreads a run's several models, and a member alone is one.
 REPLACED = ('--config.sweep.', '--config.seed=', '--config.num_models=', '--config.eval_only',
-            '--workdir=', '--config.search.', '--search_storage=', '--search_study=')
+            '--workdir=', '--config.search.', '--search_storage=', '--search_study=',
+            '--config.member_shards=')
 
 
 def command_of(member: dict[str, Any], command: str, workdir: str) -> str:

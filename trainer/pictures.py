@@ -32,6 +32,7 @@ PALETTE = ('#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e
 GREY = '#5a5a5a'  # The mean of several recipes' models, where records lack each model's.
 BAND_ALPHA = 0.25  # A recipe's min..max band over what lies below it: overlapping bands both show.
 MARKERS_UP_TO = 30  # Epochs; a longer run's points would blur its line.
+TRIALS_SIZE = (800, 560)  # A search's trials, (width, height): one plot.
 Drawn = TypeVar('Drawn')
 
 
@@ -259,22 +260,26 @@ def _plot(axes: 'Axes', seeds: np.ndarray, colour: str) -> None:
             markevery=lone | (len(epochs) <= MARKERS_UP_TO))
 
 
+def _by_epoch(axes: 'Axes', epochs: int) -> None:
+  """The x axis of a plot by epoch, epochs 1 to `epochs` (epoch 0 out of view), over a grid."""
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
+  inset = 0.5 if epochs == 1 else min(0.9, 0.025 * (epochs - 1))
+  axes.set_xlabel('epoch')
+  axes.set_xlim(1 - inset, epochs + inset)
+  axes.xaxis.set_major_locator(MaxNLocator(6, steps=[1, 2, 5, 10], integer=True, min_n_ticks=1))
+  axes.grid(color='#e8e8e8')
+  axes.set_axisbelow(True)
+
+
 def _curves_plots(figure: 'Figure', records: list[dict[str, Any]],
                   recipes: list[Recipe]) -> None:
   """The three plots: each figure by epoch, one line and band a recipe."""
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
-  epochs = len(records)
-  inset = 0.5 if epochs == 1 else min(0.9, 0.025 * (epochs - 1))  # Leaves epoch 0 out of view.
   for k, ((_, name, _), values) in enumerate(zip(FIGURES, curve_values(records))):
     axes = _axes(figure, (k * CURVES_WIDTH / 3 + 60, HEADER + 28, 320, 280))
     for seeds, colour in curves(values, recipes):
       _plot(axes, seeds, colour)
     axes.set_title(name)
-    axes.set_xlabel('epoch')
-    axes.set_xlim(1 - inset, epochs + inset)
-    axes.xaxis.set_major_locator(MaxNLocator(6, steps=[1, 2, 5, 10], integer=True, min_n_ticks=1))
-    axes.grid(color='#e8e8e8')
-    axes.set_axisbelow(True)
+    _by_epoch(axes, len(records))
 
 
 @_default_style
@@ -308,3 +313,36 @@ def draw_curves(records: list[dict[str, Any]], title: str) -> np.ndarray:
   """A run's train loss, eval loss and eval accuracy by epoch: how it learned, for curves.png; one
   line a recipe (its seeds' mean) over a band of its seeds' min..max."""
   return render(curves_figure(records, title))
+
+
+class TrialCurve(NamedTuple):
+  """A trial of a search: its eval accuracy after each epoch it trained, from epoch 1, and whether
+  the pruner stopped it after the last."""
+  number: int
+  accuracy: list[float]
+  pruned: bool
+
+
+@_default_style
+def trials_figure(trials: list[TrialCurve], num_epochs: int, title: str) -> 'Figure':
+  """A search's trials' eval accuracy by epoch, a line each (its number at its end); a pruned
+  trial's line ends where the pruner stopped it, with a cross."""
+  figure = _figure(TRIALS_SIZE, title)
+  axes = _axes(figure, (60, HEADER + 28, TRIALS_SIZE[0] - 90, TRIALS_SIZE[1] - HEADER - 90))
+  for k, trial in enumerate(trials):
+    colour = PALETTE[k % len(PALETTE)]
+    values = 100 * np.array(trial.accuracy, dtype=float)[:, None]
+    _plot(axes, np.where(np.isfinite(values), values, np.nan), colour)
+    end = (len(trial.accuracy), values[-1, 0])
+    if trial.pruned:
+      axes.plot(*end, color=colour, marker='x', markersize=10, markeredgewidth=2)
+    axes.annotate(str(trial.number), end, xytext=(6, 0), textcoords='offset points',
+                  color=colour, va='center')
+  axes.set_ylabel('eval accuracy (%)')
+  _by_epoch(axes, num_epochs)
+  return figure
+
+
+def draw_trials(trials: list[TrialCurve], num_epochs: int, title: str) -> np.ndarray:
+  """A search's trials' eval accuracy by epoch, for its curves.png."""
+  return render(trials_figure(trials, num_epochs, title))

@@ -153,6 +153,15 @@ def _write_records(run_dir: RunDirectory, name: str, records: list[dict]) -> Non
   run_dir.write(name, ''.join(json.dumps(r) + '\n' for r in records))
 
 
+def write_picture(run_dir: RunDirectory, name: str, pixels: np.ndarray) -> bytes:
+  """A picture (uint8 [H, W, 3]) as NAME.png in the run directory, written whole (a viewer never
+  sees half a file); returns the PNG's bytes."""
+  png = io.BytesIO()
+  Image.fromarray(pixels).save(png, format='PNG')
+  run_dir.write(f'{name}.png', png.getvalue())
+  return png.getvalue()
+
+
 class _EventsFile:
   """TensorBoard's events, written as they come with no thread or queue (unlike SummaryWriter): a
   refused write is then the user's one line, never a thread's traceback or a blocked run."""
@@ -243,12 +252,10 @@ class Reporter:
       return
     images = []
     for name, pixels in pictures.items():
-      png = io.BytesIO()
-      Image.fromarray(pixels).save(png, format='PNG')
-      self._run_dir.write(f'{name}.png', png.getvalue())  # A viewer never sees half a file.
+      png = write_picture(self._run_dir, name, pixels)
       height, width, channels = pixels.shape
       images.append(Summary.Value(tag=name, image=Summary.Image(
-          height=height, width=width, colorspace=channels, encoded_image_string=png.getvalue())))
+          height=height, width=width, colorspace=channels, encoded_image_string=png)))
     if self._events is None:  # An evaluation alone (eval_only) has no events file open.
       self._events = _EventsFile(self._run_dir, f'.eval-epoch-{epoch}')
     self._events.write(Event(step=epoch, summary=Summary(value=images)))

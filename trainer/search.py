@@ -7,6 +7,7 @@ when a search starts."""
 import contextlib
 import dataclasses
 import importlib.util
+import math
 import os
 import signal
 import threading
@@ -19,20 +20,22 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
 
+from configs import default
 from data.mnist import Examples, load_splits
 from errors import ExtraMissing, UserError, error_reason
-from mlp import steps
-from trainer import config_rules, reporting, trials as trials_lib
-from trainer.config_fields import flat_config
+from mlp import optim, steps
+from trainer import config_rules, pictures, reporting, trials as trials_lib
+from trainer.checkpoints import Checkpoints
+from trainer.config_fields import flat_config, with_values
 from trainer.host.boundary import Host
 from trainer.host.exits import this_command
 from trainer.host.run_dir import RunDirectory
 from trainer.host.run_lock import RunLock
 from trainer.members import Member
-from trainer.plan import resolve
-from trainer.programs import Programs, compile_programs
+from trainer.plan import Plan, resolve
+from trainer.programs import Programs, compile_programs, state_spec, state_template
 
 STUDY_FILE = 'study.db'  # The default storage: SQLite, in the run directory.
 JOURNAL = 'journal:'  # --search_storage=journal:PATH: Optuna's journal file at PATH.
@@ -46,6 +49,10 @@ HEARTBEAT_S, GRACE_S = 10, 60
 STUDY_FREE_FIELDS = (config_rules.FREE_FIELDS - {'num_epochs', 'data.eval_split'}) | {
     'search.trials', 'search.side_by_side'}
 SAMPLERS_NEEDING = {'gp': 'torch'}  # A sampler's library that the search extra leaves out.
+# Each trial that ends leaves a run directory of its own, trials/NUMBER in the search's, named in
+# the trial's user attribute RUN_DIRECTORY; STUDY_NAME_FILE names the study whose trials they are.
+TRIALS, RUN_DIRECTORY = 'trials', 'run_directory'
+STUDY_NAME_FILE = f'{TRIALS}/study.txt'
 
 
 def import_optuna() -> types.ModuleType:
@@ -239,8 +246,10 @@ def search(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
   if jax.process_count() > 1:
     raise UserError('a search runs in one process for now; launch it without --coordinator_address'
                     ', --num_processes, --process_id or --distributed')
+  check_placement(config)
   url = storage_url(storage_flag, run_dir)
   name = study_name or os.path.basename(run_dir.name.rstrip('/'))
+  check_trials_folder(run_dir, name)
   if not storage_flag:  # The default storage's file is in the run directory.
     run_dir.make()
   storage = open_storage(optuna, url)
@@ -253,11 +262,52 @@ def search(config: ml_collections.ConfigDict, run_dir: RunDirectory, host: Host,
       found.say(_nothing_to_train(found, name, url))
     else:
       found.examples = load_splits(config.data, config.data.train_split, config.data.eval_split)
+      RunDirectory(run_dir.file(TRIALS)).make()
+      run_dir.write(STUDY_NAME_FILE, name)
     while asked := found.to_ask():
       with _quiet(optuna):
         batch = [found.study.ask() for _ in range(asked)]
       _train_batch(found, batch, storage)
     _report_end(found)
+
+
+def check_placement(config: ml_collections.ConfigDict) -> None:
+  """A batch's placement on the devices here (mode, mesh, member_shards over its side_by_side
+  trials' models), checked before anything is written: a UserError where they cannot hold it."""
+  count = min(config.search.side_by_side, config.search.trials) * config.num_models
+  resolve(config, [Member(config.seed, {})] * count)
+
+
+def check_trials_folder(run_dir: RunDirectory, name: str) -> None:
+  """Refuses a run directory whose trials/ holds another study's trials: trial numbers would meet
+  (a study of another name in the same study.db, say)."""
+  kept = run_dir.read_bytes(STUDY_NAME_FILE)
+  if kept is not None and kept.decode('utf-8', 'replace') != name:
+    raise UserError(f'the run directory {run_dir} keeps the trials of the study '
+                    f'{kept.decode("utf-8", "replace")} in {TRIALS}/, and this launch joins the '
+                    f'study {name}, whose trial numbers would meet theirs; pass another --workdir '
+                    'for it')
+
+
+def trial_config(config: ml_collections.ConfigDict,
+                 values: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The config of a trial's separate run: the search's with the trial's values, its search
+  fields the default's (no search), its models over as many member shards as they divide."""
+  off = {name: value for name, value in flat_config(default.get_config()).items()
+         if name.startswith('search.')}
+  return with_values(config, {**off, **values, 'member_shards': math.gcd(config.member_shards,
+                                                                         config.num_models)})
+
+
+def batch_config(config: ml_collections.ConfigDict,
+                 count: int) -> tuple[ml_collections.ConfigDict, int]:
+  """The config a program of `count` models trains with, and its member shards: the search's, its
+  member_shards lowered to the most that divide the models where they do not (a last batch of
+  fewer trials, the survivors of a pruning)."""
+  shards = math.gcd(config.member_shards, count)
+  if shards == config.member_shards:
+    return config, shards
+  return with_values(config, {'member_shards': shards}), shards
 
 
 def _nothing_to_train(found: Search, name: str, url: str) -> str:
@@ -316,14 +366,14 @@ def _listed(numbers: list[int]) -> str:
   return ', '.join(str(number) for number in numbers)
 
 
-def survivors(state: steps.TrainState, keep: list[int], programs: Programs) -> steps.TrainState:
-  """The members `keep` of a stacked state, as the survivors' programs take it: on their mesh
-  (one small program, no host round trip), in their template's tree (whose optimizer is their
-  recipe's)."""
-  index = np.asarray(keep)
+def taken(state: steps.TrainState, index: int | np.ndarray, plan: Plan,
+          template: steps.TrainState) -> steps.TrainState:
+  """The members `index` of a stacked state (an int: one, its member axis gone), as `plan`'s
+  programs take them: on its mesh, laid as its state lies (one small program, no host round
+  trip), in `template`'s tree (whose optimizer is its recipe's)."""
   take = jax.jit(lambda tree: jax.tree.map(lambda leaf: leaf[index], tree),
-                 out_shardings=NamedSharding(programs.plan.mesh, P()))
-  return jax.tree.unflatten(jax.tree.structure(programs.template), jax.tree.leaves(take(state)))
+                 out_shardings=NamedSharding(plan.mesh, state_spec(plan)))
+  return jax.tree.unflatten(jax.tree.structure(template), jax.tree.leaves(take(state)))
 
 
 def trial_values(record: dict[str, Any], num_models: int) -> list[float]:
@@ -343,7 +393,13 @@ class _Batch:
     self.state = self.programs.fresh_state()
 
   def _compiled(self) -> tuple[Programs, reporting.Reporter]:
-    plan = resolve(self.found.config, self.members)
+    config, shards = batch_config(self.found.config, len(self.members))
+    if config is not self.found.config:
+      numbers = _listed([trial.number for trial in self.live])
+      self.found.say(f'member_shards={self.found.config.member_shards} does not divide the '
+                     f'{len(self.members)} models of trials {numbers}: they train over {shards} '
+                     f'member shard{"s" if shards > 1 else ""}')
+    plan = resolve(config, self.members)
     return (compile_programs(plan, *self.found.examples),
             reporting.Reporter(self.found.run_dir, plan, self.found.host))
 
@@ -361,6 +417,23 @@ class _Batch:
       trial.report(value, number)
     return values
 
+  def keep(self, k: int, epoch: int) -> None:
+    """Saves live trial k's models as of `epoch` in a run directory of its own (TRIALS/NUMBER), as
+    the separate run of its values saves them, and names the directory in the trial."""
+    trial = self.live[k]
+    run_dir = RunDirectory(self.found.run_dir.file(f'{TRIALS}/{trial.number}'),
+                           self.found.run_dir.lock_stale_after)
+    plan = resolve(trial_config(self.found.config, trial.params))
+    per_trial = self.found.config.num_models
+    index = np.arange(k * per_trial, (k + 1) * per_trial) if plan.members else k * per_trial
+    state = self.state
+    if self.programs.plan.recipe.injected:  # The trial's own optimizer takes its values as given.
+      state = dataclasses.replace(state, opt_state=optim.plain_state(state.opt_state))
+    run_dir.make()
+    with Checkpoints(run_dir, plan, self.found.host) as checkpoints:
+      checkpoints.save(epoch, taken(state, index, plan, state_template(plan)), force=True)
+    trial.set_user_attr(RUN_DIRECTORY, run_dir.name)
+
   def prune(self, values: list[float], epoch: int) -> None:
     """Tells the trials the pruner stops pruned, and goes on with the survivors' members alone:
     their state sliced, their program compiled again."""
@@ -368,6 +441,7 @@ class _Batch:
     if not stopped:
       return
     for k in stopped:
+      self.keep(k, epoch)
       self.found.study.tell(self.live[k], state=self.found.optuna.trial.TrialState.PRUNED)
     said = ', '.join(f'{self.live[k].number} ({100 * values[k]:.2f}%)' for k in stopped)
     kept = [k for k in range(len(self.live)) if k not in stopped]
@@ -381,7 +455,8 @@ class _Batch:
     kept_members = [k * per_trial + m for k in kept for m in range(per_trial)]
     self.members = [self.members[m] for m in kept_members]
     self.programs, self.reporter = self._compiled()
-    self.state = survivors(self.state, kept_members, self.programs)
+    self.state = taken(self.state, np.asarray(kept_members), self.programs.plan,
+                       self.programs.template)
     self.found.say(f'pruned after epoch {epoch}: trials {said}; trials '
                    f'{_listed([trial.number for trial in self.live])} go on, in a program of '
                    f'{len(self.members)} models compiled in {self.programs.compile_seconds:.1f}s')
@@ -401,7 +476,8 @@ def _train_batch(found: Search, trials: list[Any], storage: Any) -> None:
       heartbeat.check()
       _end_epoch(found, batch.live, epoch)
       if epoch == num_epochs:
-        for trial, value in zip(batch.live, values):
+        for k, (trial, value) in enumerate(zip(batch.live, values)):
+          batch.keep(k, epoch)
           found.study.tell(trial, value)
       else:
         batch.prune(values, epoch)
@@ -425,16 +501,25 @@ def _end_epoch(found: Search, live: list[Any], epoch: int) -> None:
 
 
 def _report_end(found: Search) -> None:
-  """The table of the study's trials, and the best one with the command that trains it alone."""
+  """The table of the study's trials, their curves.png, and the best one with its run directory
+  and the command that trains it alone."""
   config = found.config
   trials = found.study.get_trials(deepcopy=False)
   for line in trials_lib.table(trials, config.num_epochs):
     found.say(line)
   complete = [trial for trial in trials if trial.state.name == 'COMPLETE']
-  if not complete:
+  best = found.study.best_trial if complete else None
+  drawn = trials_lib.curves(trials)
+  if drawn:
+    title = trials_lib.curves_title(drawn, config.data.eval_split, best)
+    reporting.write_picture(found.run_dir, 'curves',
+                            pictures.draw_trials(drawn, config.num_epochs, title))
+    found.say(f"drew the trials' eval accuracy by epoch in {found.run_dir.file('curves.png')}")
+  if best is None:
     return
-  best = found.study.best_trial
   member = {**best.params, 'seed': config.seed,
-            **({'num_models': config.num_models} if config.num_models > 1 else {})}
-  found.say(trials_lib.best_line(best, member, this_command(),
-                                 f'{found.run_dir}-trial{best.number}'))
+            **({'num_models': config.num_models} if config.num_models > 1 else {}),
+            **({'member_shards': math.gcd(config.member_shards, config.num_models)}
+               if config.member_shards != 1 else {})}
+  workdir = best.user_attrs.get(RUN_DIRECTORY, found.run_dir.file(f'{TRIALS}/{best.number}'))
+  found.say(trials_lib.best_line(best, member, this_command(), workdir))
