@@ -17,7 +17,7 @@ import ml_collections
 from absl import flags
 
 from errors import UsageError, UserError, shown
-from trainer.config_fields import close_field, field_names, field_problem, unsweepable, value_at
+from trainer.config_fields import close_field, field_problem, fields, unsweepable, value_at
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
@@ -139,7 +139,7 @@ def override_problem(config: ml_collections.ConfigDict,
     if value is absent and (said := unsweepable(name)):
       return said
     if value is absent:
-      close = close_field(name, field_names(config))
+      close = close_field(name, list(fields(config)))
       return (f'the config has no field {name!r}; '
               f'{f"did you mean {close!r}?" if close else "see them all with --print_config"}')
     if isinstance(value, ml_collections.ConfigDict):
