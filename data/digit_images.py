@@ -86,8 +86,7 @@ def fit_box(ink: np.ndarray) -> np.ndarray:
   scale = BOX / max(crop.shape)
   size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
   resized = Image.fromarray(crop.astype(np.float32), 'F').resize(size, Image.Resampling.LANCZOS)
-  scaled = np.asarray(resized)
-  scaled = np.clip(scaled, 0.0, None)
+  scaled = np.clip(np.asarray(resized), 0.0, None)
   return scaled / scaled.max()
 
 
