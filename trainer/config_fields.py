@@ -75,8 +75,7 @@ def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -
   fails the run where it is first read, a field of its own is never read."""
   expected = list(fields(default.get_config()))
   present = fields(config)
-  missing = [name for name in expected if name not in present]
-  if missing:
+  if missing := [name for name in expected if name not in present]:
     return (f'{what} lacks {_listed(missing)}; build it as every config in configs/ does: '
             '`from configs import default`, `config = default.get_config()`, then change fields')
   unread = [name for name in present if name not in expected]

@@ -36,9 +36,8 @@ class ConfigFileParser(flags.ArgumentParser):
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     file = os.path.abspath(argument.split(':', 1)[0])
     config = _load(argument, file)
-    problem = (field_problem(config, f'the config file {file}') or
-               override_problem(config, self.overridden()))
-    if problem:
+    if problem := (field_problem(config, f'the config file {file}') or
+                   override_problem(config, self.overridden())):
       raise ConfigFileFailed(problem)
     return config
 
@@ -62,8 +61,7 @@ class ConfigFileParser(flags.ArgumentParser):
 
 def _load(argument: str, file: str) -> ml_collections.ConfigDict:
   """The config the file's get_config() returns, locked, or its one line as ConfigFileFailed."""
-  unreadable = _unreadable(argument)
-  if unreadable:
+  if unreadable := _unreadable(argument):
     raise ConfigFileFailed(unreadable)
   path, *splits = argument.split(':', 1)
   loader = importlib.machinery.SourceFileLoader(MODULE_NAME, path)

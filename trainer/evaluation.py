@@ -89,8 +89,7 @@ def report_finished(run: Run, restored: Restored) -> dict:
                    'metrics:')
   evaluated = _score(run, restored)
   run.reporter.draw_curves()  # Redrawn: a run resumed from an older code may lack it.
-  recorded = run.reporter.recorded(restored.epoch)
-  if recorded:
+  if recorded := run.reporter.recorded(restored.epoch):
     record = reporting.evaluated_again(recorded, evaluated)
     run.reporter.log(reporting.format_line(record, restored.epoch, 0))
     return record
