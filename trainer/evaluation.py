@@ -56,16 +56,11 @@ def _score(run: Run, restored: Restored) -> dict:
   return run.reporter.evaluation_record(restored.epoch, evaluated, per_digit)
 
 
-def _no_checkpoint(run_dir: RunDirectory, what_to_do: str) -> UserError:
-  """The one line for a run directory that holds no checkpoint to use."""
-  return UserError(f'no checkpoint in {run_dir}{what_to_do}')
-
-
 def evaluate_checkpoint(plan: Plan, run_dir: RunDirectory,
                         host: Host | None = None) -> dict:
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
-  missing = _no_checkpoint(run_dir, ' to evaluate; train first (the same command without '
-                           '--config.eval_only=True) or pass the run\'s --workdir')
+  missing = UserError(f'no checkpoint in {run_dir} to evaluate; train first (the same command '
+                      'without --config.eval_only=True) or pass the run\'s --workdir')
   run_dir.check_usable()
   if not run_dir.exists():
     raise missing
@@ -103,8 +98,8 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None) -> tuple[Plan, 
 
   Raises UserError when `run_dir` holds no checkpoint, or only damaged ones.
   """
-  missing = _no_checkpoint(run_dir, '; pass the --workdir of a trained run, or train one first: '
-                           f'python train.py --config=configs/quick.py --workdir={run_dir}')
+  missing = UserError(f'no checkpoint in {run_dir}; pass the --workdir of a trained run, or train '
+                      f'one first: python train.py --config=configs/quick.py --workdir={run_dir}')
   run_dir.check_usable()
   found = checkpoints.saved_config(run_dir)
   if found is None:
