@@ -160,5 +160,4 @@ def _best_member(run_dir: RunDirectory, epoch: int, count: int) -> int:
 @During('classifying')
 def probabilities(plan: Plan, restored: Restored, images: np.ndarray) -> np.ndarray:
   """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  logits = predict_logits(restored.state, images, plan)
-  return np.asarray(jax.nn.softmax(logits, axis=-1))
+  return np.asarray(jax.nn.softmax(predict_logits(restored.state, images, plan), axis=-1))
