@@ -114,14 +114,15 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None) -> tuple[Plan, 
   return plan, restored
 
 
-def classifier(run_dir: RunDirectory, host: Host,
-               member: int | None) -> tuple[Plan, Restored, str]:
-  """What predict.py and export.py classify with: the run's plan, its newest good checkpoint on
-  one device (the CPU beside a TPU's training will do), the member chosen (choose_member's), and
-  words that say which."""
+def classifier(workdir: str, host: Host,
+               member: int | None) -> tuple[RunDirectory, Plan, Restored, str]:
+  """What predict.py and export.py classify with: the run directory `workdir` names, the run's
+  plan, its newest good checkpoint on one device (the CPU beside a TPU's training will do), the
+  member chosen (choose_member's), and words that say which."""
+  run_dir = RunDirectory(workdir)
   backend.start(cpu_will_do=True)
   plan, restored = restore_run(run_dir, host)
-  return plan, *choose_member(plan, restored, run_dir, member)
+  return run_dir, plan, *choose_member(plan, restored, run_dir, member)
 
 
 def choose_member(plan: Plan, restored: Restored, run_dir: RunDirectory,
