@@ -68,9 +68,7 @@ def main(argv: list[str], host: Host) -> None:
   from serving import artifacts
   artifacts.require_extras(formats)  # Before the checkpoint is read.
   from trainer import evaluation
-  from trainer.host.run_dir import RunDirectory
-  workdir = RunDirectory(given)
-  plan, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
+  workdir, plan, restored, which = evaluation.classifier(given, host, _MEMBER.value)
   # From here a signal unwinds, so that the staged copy is removed and an export there stays.
   host.phase(Phase.FINISHING, 'stopped by {signal} while writing the export; rerun the same '
              'command to export the run')

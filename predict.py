@@ -133,9 +133,8 @@ def main(argv: list[str], host: Host) -> None:
   os.environ.setdefault('EPATH_USE_TF', 'false')  # gs:// through gcsfs, as train.py reads it.
   # pylint: disable=g-import-not-at-top; after the flags and the images, which need none of it
   from trainer import evaluation
-  from trainer.host.run_dir import RunDirectory
-  workdir = RunDirectory(str(_WORKDIR.value))  # Given: parse_flags checked.
-  plan, restored, which = evaluation.classifier(workdir, host, _MEMBER.value)
+  # --workdir is given: parse_flags checked.
+  workdir, plan, restored, which = evaluation.classifier(str(_WORKDIR.value), host, _MEMBER.value)
   report(files, evaluation.probabilities(plan, restored, digits), _JSON.value)
   host.phase(Phase.ENDING)  # Every image is classified and said: a signal now only ends it.
   for line in unread:

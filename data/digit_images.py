@@ -33,8 +33,7 @@ def grayscale(image: Image.Image) -> np.ndarray:
   image = ImageOps.exif_transpose(image)  # Phone photos store their rotation apart.
   if image.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'F'):  # 16-bit and float: scaled to 0-255.
     pixels: np.ndarray = np.asarray(image, np.float32)
-    bad = int(np.size(pixels) - np.count_nonzero(np.isfinite(pixels)))
-    if bad:
+    if bad := int(np.size(pixels) - np.count_nonzero(np.isfinite(pixels))):
       raise NotFinite(f'{bad} of its {np.size(pixels)} pixels are NaN or infinite')
     return pixels * np.float32(255.0 / max(float(np.max(pixels)), 1.0))
   if 'A' in image.getbands() or 'transparency' in image.info:
@@ -86,8 +85,7 @@ def fit_box(ink: np.ndarray) -> np.ndarray:
   scale = BOX / max(crop.shape)
   size = (max(1, round(crop.shape[1] * scale)), max(1, round(crop.shape[0] * scale)))
   resized = Image.fromarray(crop.astype(np.float32), 'F').resize(size, Image.Resampling.LANCZOS)
-  scaled = np.asarray(resized)
-  scaled = np.clip(scaled, 0.0, None)
+  scaled = np.clip(np.asarray(resized), 0.0, None)
   return scaled / scaled.max()
 
 

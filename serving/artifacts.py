@@ -21,7 +21,6 @@ from serving.folder import FILES, MANIFEST, ONNX, SAVED_MODEL, STABLEHLO
 
 PLATFORMS = ('cpu', 'cuda', 'tpu')  # The StableHLO is lowered for each: it serves on any of them.
 INPUT, OUTPUT, SIGNATURE = 'images', 'probabilities', 'serving_default'
-IMAGE_SHAPE, NUM_CLASSES = (28, 28), 10
 Versions = dict[str, Any]  # The libraries (and format versions) that wrote a file.
 
 
@@ -53,7 +52,7 @@ def write_stablehlo(state: steps.TrainState, path: str) -> Versions:
   (batch,) = jax.export.symbolic_shape('N')
   exported = jax.export.export(jax.jit(functools.partial(inference.classify, state)),
                                platforms=PLATFORMS)(
-      jax.ShapeDtypeStruct((batch, *IMAGE_SHAPE), jnp.uint8))
+      jax.ShapeDtypeStruct((batch, *layers.IMAGE_SHAPE), jnp.uint8))
   with open(path, 'wb') as f:
     f.write(exported.serialize())
   return {'jax': jax.__version__, 'calling_convention_version': exported.calling_convention_version}
@@ -101,8 +100,8 @@ def write(state: steps.TrainState, precision: str, formats: list[str], folder: s
     written_by = {FILES[name]: WRITERS[name](state, os.path.join(folder, FILES[name]))
                   for name in formats}
   manifest = {**about, 'files': {name: FILES[name] for name in formats},
-              'input': {'name': INPUT, 'dtype': 'uint8', 'shape': ['N', *IMAGE_SHAPE]},
-              'output': {'name': OUTPUT, 'dtype': 'float32', 'shape': ['N', NUM_CLASSES]},
+              'input': {'name': INPUT, 'dtype': 'uint8', 'shape': ['N', *layers.IMAGE_SHAPE]},
+              'output': {'name': OUTPUT, 'dtype': 'float32', 'shape': ['N', layers.NUM_CLASSES]},
               'signature': SIGNATURE, 'platforms': list(PLATFORMS), 'written_by': written_by}
   with open(os.path.join(folder, MANIFEST), 'w', encoding='utf-8') as f:
     json.dump(manifest, f, indent=1)

@@ -28,9 +28,6 @@ class OutFolder:
     self.path = os.path.abspath(out)
     self._overwrite = overwrite
 
-  def __str__(self) -> str:
-    return self.path
-
   def check(self, workdir: str) -> None:
     """UserError when the folder cannot take an export: a file, inside the run, holding one."""
     if os.path.exists(self.path) and not os.path.isdir(self.path):

@@ -17,6 +17,8 @@ from mlp.model import MLP
 
 T = TypeVar('T')  # A tensor of the format being built: a TensorFlow tensor, an ONNX value's name.
 PIXEL_RANGE = 255.0  # uint8 pixels to [0, 1], as batches.to_unit scales them.
+# What every format takes and gives: uint8 images [N, 28, 28], class probabilities [N, 10].
+IMAGE_SHAPE, NUM_CLASSES = (28, 28), 10
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,9 +13,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from serving import layers as layers_lib
+from serving.layers import IMAGE_SHAPE, NUM_CLASSES
 
 OPSET, IR_VERSION = 17, 8
-IMAGE_SHAPE, NUM_CLASSES = (28, 28), 10
 
 
 class OnnxOps:

@@ -14,14 +14,12 @@ import tensorflow as tf
 from native_logs import native_stderr_muted
 from serving import layers as layers_lib
 
-IMAGE_SHAPE = (28, 28)
-
 
 class TensorFlowOps:
   """layers_lib.Ops in TensorFlow."""
 
   def flatten(self, images: tf.Tensor) -> tf.Tensor:
-    return tf.reshape(tf.cast(images, tf.float32), (-1, int(np.prod(IMAGE_SHAPE))))
+    return tf.reshape(tf.cast(images, tf.float32), (-1, int(np.prod(layers_lib.IMAGE_SHAPE))))
 
   def subtract(self, x: tf.Tensor, value: float) -> tf.Tensor:
     return x - tf.constant(value, tf.float32)
@@ -59,7 +57,7 @@ def save(layers: layers_lib.Layers[np.ndarray], path: str, names: tuple[str, str
   serve = tf.function(
       lambda images: {output_name: layers_lib.probabilities(TensorFlowOps(), held, images)},
       autograph=False,
-      input_signature=[tf.TensorSpec((None, *IMAGE_SHAPE), tf.uint8, name=image_name)])
+      input_signature=[tf.TensorSpec((None, *layers_lib.IMAGE_SHAPE), tf.uint8, name=image_name)])
   module.serve = serve  # The signature takes the function itself: one trace serves both.
   try:
     with native_stderr_muted():  # Its C++ logs a failed write of the variables at length.

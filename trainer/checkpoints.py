@@ -264,8 +264,7 @@ def _read(directory: str, epoch: int, what: str, read: Callable[[], Any]) -> Any
   try:
     return read()
   except Exception as error:  # pylint: disable=broad-except; sorted below, none set aside blindly
-    damage = named_damage(error)
-    if damage:
+    if damage := named_damage(error):
       raise _Damaged(f'its {what} cannot be read ({damage})') from error
     if ORBAX_TREE_MISMATCH.search(str(error)):
       raise UserError(f'the checkpoint of epoch {epoch} in {directory} holds a state whose '

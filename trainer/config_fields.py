@@ -45,10 +45,6 @@ def value_at(config: ml_collections.ConfigDict, name: str, default: Any = ABSENT
   return value
 
 
-def field_names(config: ml_collections.ConfigDict) -> list[str]:
-  return list(fields(config))
-
-
 def flag_lines(config: ml_collections.ConfigDict) -> list[str]:
   """Each field of the config as the flag that sets it to its value, for --print_config."""
   return [f'--config.{name}={shlex.quote(value if isinstance(value, str) else repr(value))}'
@@ -83,10 +79,9 @@ def with_values(config: ml_collections.ConfigDict,
 def field_problem(config: ml_collections.ConfigDict, what: str = 'the config') -> str | None:
   """The line for a config whose fields are not the default's (None if they are): a field missing
   fails the run where it is first read, a field of its own is never read."""
-  expected = field_names(default.get_config())
-  present = field_names(config)
-  missing = [name for name in expected if name not in present]
-  if missing:
+  expected = list(fields(default.get_config()))
+  present = fields(config)
+  if missing := [name for name in expected if name not in present]:
     return (f'{what} lacks {_listed(missing)}; build it as every config in configs/ does: '
             '`from configs import default`, `config = default.get_config()`, then change fields')
   unread = [name for name in present if name not in expected]
@@ -110,7 +105,7 @@ def unsweepable(name: str) -> str | None:
   group, _, field = name.partition('.')
   if group not in VARYING_GROUPS or not field or field in VARIABLE:
     return None
-  if group == 'search' and field not in field_names(default.get_config()):
+  if group == 'search' and field not in fields(default.get_config()):
     return None  # A typo of a search setting (search.trails): the config's line names the field.
   return (f'{field} cannot vary inside one program: a {group} varies {", ".join(VARIABLE)}; give '
           f'each value of {field} its own {VARYING_GROUPS[group]} (--config.{field}=VALUE '

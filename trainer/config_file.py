@@ -17,7 +17,7 @@ import ml_collections
 from absl import flags
 
 from errors import UsageError, UserError, shown
-from trainer.config_fields import close_field, field_names, field_problem, unsweepable, value_at
+from trainer.config_fields import close_field, field_problem, fields, unsweepable, value_at
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(PROJECT_ROOT, 'configs')
@@ -36,9 +36,8 @@ class ConfigFileParser(flags.ArgumentParser):
   def parse(self, argument: str) -> ml_collections.ConfigDict:
     file = os.path.abspath(argument.split(':', 1)[0])
     config = _load(argument, file)
-    problem = (field_problem(config, f'the config file {file}') or
-               override_problem(config, self.overridden()))
-    if problem:
+    if problem := (field_problem(config, f'the config file {file}') or
+                   override_problem(config, self.overridden())):
       raise ConfigFileFailed(problem)
     return config
 
@@ -62,8 +61,7 @@ class ConfigFileParser(flags.ArgumentParser):
 
 def _load(argument: str, file: str) -> ml_collections.ConfigDict:
   """The config the file's get_config() returns, locked, or its one line as ConfigFileFailed."""
-  unreadable = _unreadable(argument)
-  if unreadable:
+  if unreadable := _unreadable(argument):
     raise ConfigFileFailed(unreadable)
   path, *splits = argument.split(':', 1)
   loader = importlib.machinery.SourceFileLoader(MODULE_NAME, path)
@@ -139,7 +137,7 @@ def override_problem(config: ml_collections.ConfigDict,
     if value is absent and (said := unsweepable(name)):
       return said
     if value is absent:
-      close = close_field(name, field_names(config))
+      close = close_field(name, list(fields(config)))
       return (f'the config has no field {name!r}; '
               f'{f"did you mean {close!r}?" if close else "see them all with --print_config"}')
     if isinstance(value, ml_collections.ConfigDict):

@@ -215,8 +215,7 @@ def _check_together(config: ml_collections.ConfigDict) -> None:
 def validate(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError (or UserError: the fields, the split parser's) for the first field that
   cannot work."""
-  problem = field_problem(config)
-  if problem:
+  if problem := field_problem(config):
     raise UserError(problem)
   _check_each_field(fields(config))
   _check_together(config)
@@ -259,8 +258,7 @@ def check_resumable(found: tuple[int, dict[str, Any]] | None, current: dict[str,
   numbers."""
   if found is None:
     return
-  names = config_mismatches(found[1], current)
-  if names:
+  if names := config_mismatches(found[1], current):
     then, now = named_values(found[1], names), named_values(current, names)
     raise UserError(f'the checkpoint of epoch {found[0]} in {directory} was saved with {then}, '
                     f'but this run has {now}; rerun with the checkpoint\'s values to resume it, or '

@@ -56,16 +56,11 @@ def _score(run: Run, restored: Restored) -> dict:
   return run.reporter.evaluation_record(restored.epoch, evaluated, per_digit)
 
 
-def _no_checkpoint(run_dir: RunDirectory, what_to_do: str) -> UserError:
-  """The one line for a run directory that holds no checkpoint to use."""
-  return UserError(f'no checkpoint in {run_dir}{what_to_do}')
-
-
 def evaluate_checkpoint(plan: Plan, run_dir: RunDirectory,
                         host: Host | None = None) -> dict:
   """Scores the newest good checkpoint on the eval split without training (`eval_only`)."""
-  missing = _no_checkpoint(run_dir, ' to evaluate; train first (the same command without '
-                           '--config.eval_only=True) or pass the run\'s --workdir')
+  missing = UserError(f'no checkpoint in {run_dir} to evaluate; train first (the same command '
+                      'without --config.eval_only=True) or pass the run\'s --workdir')
   run_dir.check_usable()
   if not run_dir.exists():
     raise missing
@@ -89,8 +84,7 @@ def report_finished(run: Run, restored: Restored) -> dict:
                    'metrics:')
   evaluated = _score(run, restored)
   run.reporter.draw_curves()  # Redrawn: a run resumed from an older code may lack it.
-  recorded = run.reporter.recorded(restored.epoch)
-  if recorded:
+  if recorded := run.reporter.recorded(restored.epoch):
     record = reporting.evaluated_again(recorded, evaluated)
     run.reporter.log(reporting.format_line(record, restored.epoch, 0))
     return record
@@ -104,8 +98,8 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None) -> tuple[Plan, 
 
   Raises UserError when `run_dir` holds no checkpoint, or only damaged ones.
   """
-  missing = _no_checkpoint(run_dir, '; pass the --workdir of a trained run, or train one first: '
-                           f'python train.py --config=configs/quick.py --workdir={run_dir}')
+  missing = UserError(f'no checkpoint in {run_dir}; pass the --workdir of a trained run, or train '
+                      f'one first: python train.py --config=configs/quick.py --workdir={run_dir}')
   run_dir.check_usable()
   found = checkpoints.saved_config(run_dir)
   if found is None:
@@ -120,14 +114,15 @@ def restore_run(run_dir: RunDirectory, host: Host | None = None) -> tuple[Plan, 
   return plan, restored
 
 
-def classifier(run_dir: RunDirectory, host: Host,
-               member: int | None) -> tuple[Plan, Restored, str]:
-  """What predict.py and export.py classify with: the run's plan, its newest good checkpoint on
-  one device (the CPU beside a TPU's training will do), the member chosen (choose_member's), and
-  words that say which."""
+def classifier(workdir: str, host: Host,
+               member: int | None) -> tuple[RunDirectory, Plan, Restored, str]:
+  """What predict.py and export.py classify with: the run directory `workdir` names, the run's
+  plan, its newest good checkpoint on one device (the CPU beside a TPU's training will do), the
+  member chosen (choose_member's), and words that say which."""
+  run_dir = RunDirectory(workdir)
   backend.start(cpu_will_do=True)
   plan, restored = restore_run(run_dir, host)
-  return plan, *choose_member(plan, restored, run_dir, member)
+  return run_dir, plan, *choose_member(plan, restored, run_dir, member)
 
 
 def choose_member(plan: Plan, restored: Restored, run_dir: RunDirectory,
@@ -166,5 +161,4 @@ def _best_member(run_dir: RunDirectory, epoch: int, count: int) -> int:
 @During('classifying')
 def probabilities(plan: Plan, restored: Restored, images: np.ndarray) -> np.ndarray:
   """float32 [N, 10] class probabilities of uint8 images [N, 784], by evaluation's forward pass."""
-  logits = predict_logits(restored.state, images, plan)
-  return np.asarray(jax.nn.softmax(logits, axis=-1))
+  return np.asarray(jax.nn.softmax(predict_logits(restored.state, images, plan), axis=-1))

@@ -212,8 +212,7 @@ def curve_notes(values: list[np.ndarray], recipes: list[Recipe]) -> list[str]:
   """What the legend's entries leave unsaid: what a band spans, what a grey line is."""
   drawn = [(seeds, colour) for figures in values for seeds, colour in curves(figures, recipes)]
   notes = []
-  seeds = sorted({s.shape[1] for s, _ in drawn if s.shape[1] > 1})
-  if seeds:
+  if seeds := sorted({s.shape[1] for s, _ in drawn if s.shape[1] > 1}):
     notes.append(f'band: min to max over {" or ".join(map(str, seeds))} seeds')
   if any(colour == GREY for _, colour in drawn):
     models = sum(len(r.members) for r in recipes)

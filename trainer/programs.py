@@ -75,7 +75,6 @@ def _compile(per_device: Callable, plan: Plan, args: tuple, specs: Specs, *,
   replicated in and out, under mesh as `specs` (in_specs, out_specs) lay its arguments and
   results."""
   mode, mesh = plan.mode, plan.mesh
-  donated = (0,) if donate else ()
   if mode == 'pmap':  # Maps over a device index; the arguments go whole to every device.
     mapped = jax.pmap(lambda _, first, rest: per_device(first, *rest), AXIS,
                       in_axes=(0, None, None), out_axes=None, devices=list(mesh.devices.flat),
@@ -89,7 +88,7 @@ def _compile(per_device: Callable, plan: Plan, args: tuple, specs: Specs, *,
     # checks, grad would already sum over devices, and the pmean would leave Adam's moments 8x.)
     per_device = jax.shard_map(per_device, mesh=mesh, in_specs=specs[0], out_specs=specs[1],
                                check_vma=False)
-  return jax.jit(per_device, donate_argnums=donated).lower(*args).compile()
+  return jax.jit(per_device, donate_argnums=(0,) if donate else ()).lower(*args).compile()
 
 
 def create_state(recipe: Recipe, key: jax.Array) -> steps.TrainState:

@@ -236,8 +236,7 @@ class Reporter:
   def write(self, record: dict[str, Any]) -> None:
     """An epoch's record: to metrics.jsonl, TensorBoard and the log, with the run's ETA."""
     self._seconds.append(record['epoch_seconds'])
-    remaining = self._num_epochs - int(record['epoch'])
-    eta = remaining * sum(self._seconds) / len(self._seconds)
+    eta = (self._num_epochs - int(record['epoch'])) * sum(self._seconds) / len(self._seconds)
     if self._writes:
       self._records.append(record)
       _write_records(self._run_dir, METRICS_FILE, self._records)

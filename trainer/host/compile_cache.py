@@ -11,7 +11,6 @@ from library_errors import JAX_CACHE_TROUBLE
 
 OFF = 'off'
 FOLDER = os.path.join('mnist-mlp', 'jax-compilation-cache')  # Under the user's cache folder.
-ENV_DIR = 'JAX_COMPILATION_CACHE_DIR'  # JAX's own variable, which wins over the default folder.
 # JAX options set here, each unless the environment sets it with JAX's variable (the tests do).
 SETTINGS = {
     # Every program the run compiles, the small ones too: each costs a compile on a relaunch.
@@ -35,7 +34,7 @@ def choose_folder(flag: str | None, environ: Mapping[str, str]) -> str | None:
     return None
   if flag:
     return os.path.abspath(os.path.expanduser(flag))
-  return environ.get(ENV_DIR) or default_folder(environ)
+  return environ.get('JAX_COMPILATION_CACHE_DIR') or default_folder(environ)
 
 
 def _unwritable(folder: str) -> str | None:

@@ -378,12 +378,10 @@ WRITE_FIXES = {
 
 def os_reason(error: BaseException) -> str:
   """The OS's reason, or inside orbax's (tensorstore's) error text, whose form varies by version."""
-  reason = getattr(error, 'strerror', None)
-  if reason:
+  if reason := getattr(error, 'strerror', None):
     return reason
   text = str(error)
-  found = TENSORSTORE_OS_REASON.search(text)
-  if found:
+  if found := TENSORSTORE_OS_REASON.search(text):
     return found.group(1)
   if TENSORSTORE_SPACE_STATUS in text:
     return 'No space left on device, or over quota'

@@ -296,12 +296,11 @@ def _wait_for_saves_in_flight(run_dir: RunDirectory) -> None:
   line then names the checkpoint a rerun resumes from (one this process cut short is never used)."""
   deadline = time.monotonic() + SAVE_IN_FLIGHT_S
   with contextlib.suppress(*failures()):  # The storage unreachable too: the line says so.
-    newest = max(run_dir.checkpoint_epochs(), default=0)
-    while any(epoch > newest for epoch in _epochs_in_flight(run_dir)):
-      if time.monotonic() > deadline:
+    while time.monotonic() <= deadline:
+      newest = max(run_dir.checkpoint_epochs(), default=0)
+      if not any(epoch > newest for epoch in _epochs_in_flight(run_dir)):
         return
       time.sleep(0.1)
-      newest = max(run_dir.checkpoint_epochs(), default=0)
 
 
 def lost_peer_line(run_dir: RunDirectory, command: str) -> str:
