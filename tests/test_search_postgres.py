@@ -1,9 +1,10 @@
-"""A search's study on a real PostgreSQL server, which the test starts on 127.0.0.1: two launches of
-train.py on one study at once, one killed with -9 mid-epoch and run again; the study ends with every
-trial complete, pruned or failed and retried, none trained twice, and the best trial's command
-trains its member's numbers. Skipped where no server is installed, unless
-SEARCH_TEST_POSTGRES=required (CI)."""
+"""A search's study on a real PostgreSQL server, which the tests start on 127.0.0.1: launches that
+open a new database at once all join it; two launches of train.py on one study at once, one killed
+with -9 mid-batch and run again, leave every trial complete, pruned or failed and retried, none
+trained twice, and the best trial's command trains its member's numbers. Skipped where no server is
+installed, unless SEARCH_TEST_POSTGRES=required (CI)."""
 
+import concurrent.futures
 import glob
 import os
 import pathlib
@@ -15,9 +16,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import optuna
 import pytest
@@ -27,7 +29,7 @@ from tests.test_members import SETTINGS
 from tests.test_search import SEARCHED
 from trainer import search
 
-USER, DATABASE, STUDY = 'search', 'studies', 'shared'
+USER, STUDY = 'search', 'shared'
 SERVER_PROGRAMS = ('initdb', 'pg_ctl', 'createdb')
 TRIALS = 6  # Two launches, two trials side by side: three batches, one of them killed and retried.
 ARGS = ['--config=configs/default.py',
@@ -88,12 +90,17 @@ def run_or_fail(command: list, home: pathlib.Path) -> None:
 
 
 @pytest.fixture(scope='module')
-def postgres_url() -> Iterator[str]:
+def postgres() -> Iterator[Callable[[str], str]]:
   """A PostgreSQL server of the module's own on 127.0.0.1 (its files and socket in a temporary
-  folder, removed at the end) and a database in it: `postgresql://USER@127.0.0.1:PORT/DATABASE`."""
+  folder, removed at the end): `postgres(name)` makes a database, and gives its URL
+  `postgresql://USER@127.0.0.1:PORT/NAME`."""
   programs, prefix = server_programs(), as_server_user()
   home = pathlib.Path(tempfile.mkdtemp(prefix='search-test-postgres-'))
   data, port = home / 'data', free_port()
+
+  def database(name: str) -> str:
+    run_or_fail([programs / 'createdb', '-h', '127.0.0.1', '-p', port, '-U', USER, name], home)
+    return f'postgresql://{USER}@127.0.0.1:{port}/{name}'
   try:
     if prefix:
       shutil.chown(home, 'postgres')
@@ -102,13 +109,18 @@ def postgres_url() -> Iterator[str]:
     run_or_fail([*prefix, programs / 'pg_ctl', 'start', '-D', data, '-l', home / 'server.log',
                  '-w', '-t', '60', '-o', f'-c listen_addresses=127.0.0.1 -c port={port} '
                  f'-c unix_socket_directories={home} -c fsync=off'], home)
-    run_or_fail([programs / 'createdb', '-h', '127.0.0.1', '-p', port, '-U', USER, DATABASE], home)
-    yield f'postgresql://{USER}@127.0.0.1:{port}/{DATABASE}'
+    yield database
   finally:
     if (data / 'postmaster.pid').exists():
       subprocess.run([*prefix, str(programs / 'pg_ctl'), 'stop', '-D', str(data), '-m',
                       'immediate'], cwd=home, capture_output=True, timeout=60, check=False)
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres) -> str:
+  """A new database of the module's server, for one test."""
+  return postgres('studies')
 
 
 @pytest.fixture
@@ -142,7 +154,8 @@ def kill_when_training(victim: subprocess.Popen, log: pathlib.Path,
   deadline = time.monotonic() + 240
   while not batches(log):
     if victim.poll() is not None or other.poll() is not None or time.monotonic() > deadline:
-      pytest.fail(f'no batch trained in time, or a launch ended first: {log.read_text()}')
+      pytest.fail(f'no batch trained in time, or a launch ended first: {log.read_text()}'
+                  f'{log.with_suffix(".err").read_text()}')
     time.sleep(0.05)
   victim.kill()
   victim.wait()
@@ -156,6 +169,19 @@ def finished(process: subprocess.Popen, log: pathlib.Path) -> str:
   assert process.returncode == 0, errors
   assert all(line.startswith('warning: ') for line in errors.splitlines()), errors
   return log.read_text()
+
+
+def test_launches_that_open_a_new_database_at_once_all_join_it(postgres):
+  """Each makes the database's tables, and all but one collide with the first's: each opens it."""
+  url, launches = postgres('made_at_once'), 8
+  barrier = threading.Barrier(launches)
+
+  def opened(_) -> Any:
+    barrier.wait()
+    return search.open_storage(optuna, url)
+  with concurrent.futures.ThreadPoolExecutor(launches) as pool:
+    storages = list(pool.map(opened, range(launches)))
+  assert [storage.get_all_studies() for storage in storages] == [[]] * launches
 
 
 @pytest.mark.slow  # Two launches, a killed one's heartbeat's grace, its rerun: about 2.5 min.
