@@ -134,9 +134,9 @@ def study_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def check_study(storage: Any, name: str, wanted: dict[str, Any], url: str) -> None:
   """Refuses to join a study that searches with another config, naming the fields that differ."""
   found = [study for study in storage.get_all_studies() if study.study_name == name]
-  if not found:
+  kept = found[0].user_attrs.get('config') if found else None
+  if kept is None:  # No study yet, or one another launch has just made, its config not yet kept.
     return
-  kept = found[0].user_attrs.get('config', {})
   differ = config_rules.config_mismatches(kept, wanted)
   if differ:
     raise UserError(f'the study {name} in {url} searches with '
@@ -303,7 +303,7 @@ def _study(optuna: types.ModuleType, storage: Any, name: str, config: ml_collect
     study = optuna.create_study(storage=storage, study_name=name, direction='maximize',
                                 sampler=sampler_of(optuna, config, seed),
                                 pruner=pruner_of(optuna, config), load_if_exists=True)
-  if not found:
+  if 'config' not in study.user_attrs:  # New, or made by a launch that has not kept it yet.
     study.set_user_attr('config', study_config(config))
   return study
 
