@@ -305,6 +305,19 @@ def test_a_launch_of_another_config_is_refused_naming_the_fields(pruned_search):
   assert {path: path.read_bytes() for path in workdir.rglob('*') if path.is_file()} == files
 
 
+def test_a_study_that_a_launch_started_at_once_is_still_making_is_joined(tmp_path):
+  """Launches started together: the first has made the study and not yet kept its config when
+  the next checks it, which joins it; once kept, a launch of another config is refused."""
+  url = f'sqlite:///{tmp_path / "study.db"}'
+  storage = search.open_storage(optuna, url)
+  made = optuna.create_study(storage=storage, study_name='new')
+  wanted = search.study_config(make_config(**{**SETTINGS, **SEARCHED}))
+  search.check_study(storage, 'new', wanted, url)
+  made.set_user_attr('config', {**wanted, 'seed': 2})
+  assert line_of(lambda: search.check_study(storage, 'new', wanted, url)).startswith(
+      f'the study new in {url} searches with seed=2, and this launch has seed=1; ')
+
+
 def test_a_search_without_its_extra_is_one_line_naming_it(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, 'optuna', None)
   said = line_of(lambda: run_search(tmp_path / 'run'))

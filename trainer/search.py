@@ -43,6 +43,10 @@ POSTGRESQL = 'postgresql'  # A URL's scheme that names no driver: psycopg2's, th
 # A running trial's heartbeat (RDB storages): recorded every HEARTBEAT_S seconds; a trial without
 # one for GRACE_S is failed by the next launch that asks, and asked again.
 HEARTBEAT_S, GRACE_S = 10, 60
+# Launches that open a new database at once each make its tables, and those that lose the race fail
+# on a duplicate (Optuna's issue 1092) once the winner's tables are there: opened again, they find
+# them. Two steps can collide (the tables, then the schema's version), so three attempts suffice.
+MAKING_ATTEMPTS = 3
 # What a launch may change in a study it joins: how it runs, and how many trials the study holds.
 # num_epochs and the eval split stay: every trial's value is an accuracy after as many epochs on
 # one split.
@@ -104,14 +108,28 @@ def open_storage(optuna: types.ModuleType, url: str) -> Any:
       if url.startswith(JOURNAL):
         return optuna.storages.JournalStorage(
             optuna.storages.journal.JournalFileBackend(url.removeprefix(JOURNAL)))
-      return optuna.storages.RDBStorage(
-          with_driver(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
-          heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
+      return _rdb_storage(optuna, url)
   except (sqlalchemy.exc.SQLAlchemyError, OSError) as error:  # Not there to use, or no such URL.
     raise UserError(f'cannot open the study storage --search_storage={url} '
                     f'({type(error).__name__}: {error_reason(error)}); pass a PostgreSQL URL '
                     '(postgresql://USER:PASSWORD@HOST/DATABASE) whose server runs, or a '
                     'sqlite:///PATH or journal:PATH in a folder that exists, then rerun') from error
+
+
+def _rdb_storage(optuna: types.ModuleType, url: str) -> Any:
+  """The RDB storage, its running trials' heartbeats recorded and a stale one's values queued
+  again; opened again where its tables collided with another launch's (MAKING_ATTEMPTS)."""
+  import sqlalchemy.exc  # pylint: disable=g-import-not-at-top; Optuna's, loaded with it
+  def opened() -> Any:
+    return optuna.storages.RDBStorage(
+        with_driver(url), heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback())
+  for _ in range(MAKING_ATTEMPTS - 1):
+    try:
+      return opened()
+    except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
+      pass  # Another launch made them first: they are there now.
+  return opened()  # A table or key that stays wrong is the storage's error.
 
 
 def study_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
@@ -123,9 +141,9 @@ def study_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
 def check_study(storage: Any, name: str, wanted: dict[str, Any], url: str) -> None:
   """Refuses to join a study that searches with another config, naming the fields that differ."""
   found = [study for study in storage.get_all_studies() if study.study_name == name]
-  if not found:
+  kept = found[0].user_attrs.get('config') if found else None
+  if kept is None:  # No study yet, or one another launch has just made, its config not yet kept.
     return
-  kept = found[0].user_attrs.get('config', {})
   differ = config_rules.config_mismatches(kept, wanted)
   if differ:
     raise UserError(f'the study {name} in {url} searches with '
@@ -335,7 +353,7 @@ def _study(optuna: types.ModuleType, storage: Any, name: str, config: ml_collect
     study = optuna.create_study(storage=storage, study_name=name, direction='maximize',
                                 sampler=sampler_of(optuna, config, seed),
                                 pruner=pruner_of(optuna, config), load_if_exists=True)
-  if not found:
+  if 'config' not in study.user_attrs:  # New, or made by a launch that has not kept it yet.
     study.set_user_attr('config', study_config(config))
   return study
 
