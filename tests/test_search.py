@@ -58,7 +58,7 @@ def pruned_search(tmp_path_factory, mnist_dir):
 def classified(workdir) -> tuple[np.ndarray, int]:
   """The eval split's class probabilities by the run in `workdir`, as predict.py classifies
   them, and the epoch of the checkpoint that did."""
-  plan, restored, _ = evaluation.classifier(RunDirectory(workdir), Recorder(), None)
+  _, plan, restored, _ = evaluation.classifier(str(workdir), Recorder(), None)
   examples = load_split(plan.data, plan.data.eval_split)
   return evaluation.probabilities(plan, restored, examples.images), restored.epoch
 
