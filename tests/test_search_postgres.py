@@ -214,20 +214,23 @@ def test_two_launches_share_a_postgresql_study_through_a_kill_9(launch, postgres
   trained = [n for log in logs.values() for batch in batches(log) for n in batch]
   assert sorted(trained) == [trial.number for trial in trials], {
       name: batches(log) for name, log in logs.items()}
-  assert_best_trains_alone(printed, trials, SETTINGS['num_epochs'])
+  assert_best_trains_alone(printed, trials, SETTINGS['num_epochs'], tmp_path / 'alone')
 
 
-def assert_best_trains_alone(printed: str, trials: list, num_epochs: int) -> None:
-  """The command the search printed for its best trial trains, as a separate run, the numbers the
-  study holds of that trial's member: its eval accuracy each epoch (the members' tolerance)."""
+def assert_best_trains_alone(printed: str, trials: list, num_epochs: int,
+                             workdir: pathlib.Path) -> None:
+  """The command the search printed for its best trial trains, as a separate run in `workdir`
+  (its own --workdir holds the trial's checkpoint, which it would resume), the numbers the study
+  holds of that trial's member: its eval accuracy each epoch (the members' tolerance)."""
   best = max((trial for trial in trials if trial.state.name == 'COMPLETE'), key=lambda t: t.value)
   said = printed.splitlines()[-1]
   assert said.startswith(f'best: trial {best.number}, '), said
   command = shlex.split(said.split('; trains alone with: ', 1)[1])
-  alone = subprocess.run([sys.executable, *command[1:]], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, check=False)
+  assert command[-1].startswith('--workdir='), command
+  alone = subprocess.run([sys.executable, *command[1:-1], f'--workdir={workdir}'], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, check=False)
   assert alone.returncode == 0, alone.stderr
-  records = read_metrics(pathlib.Path(command[-1].removeprefix('--workdir=')))
+  records = read_metrics(workdir)
   assert [record['epoch'] for record in records] == list(best.intermediate_values) == [
       *range(1, num_epochs + 1)]
   for record, value in zip(records, best.intermediate_values.values()):
