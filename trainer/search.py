@@ -313,8 +313,14 @@ def trial_config(config: ml_collections.ConfigDict,
   fields the default's (no search), its models over as many member shards as they divide."""
   off = {name: value for name, value in flat_config(default.get_config()).items()
          if name.startswith('search.')}
-  return with_values(config, {**off, **values, 'member_shards': math.gcd(config.member_shards,
-                                                                         config.num_models)})
+  return with_values(config, {**off, **values,
+                              'member_shards': shards_for(config, config.num_models)})
+
+
+def shards_for(config: ml_collections.ConfigDict, count: int) -> int:
+  """The member shards of a program of `count` models: the most of config.member_shards that
+  divide them."""
+  return math.gcd(config.member_shards, count)
 
 
 def batch_config(config: ml_collections.ConfigDict,
@@ -322,7 +328,7 @@ def batch_config(config: ml_collections.ConfigDict,
   """The config a program of `count` models trains with, and its member shards: the search's, its
   member_shards lowered to the most that divide the models where they do not (a last batch of
   fewer trials, the survivors of a pruning)."""
-  shards = math.gcd(config.member_shards, count)
+  shards = shards_for(config, count)
   if shards == config.member_shards:
     return config, shards
   return with_values(config, {'member_shards': shards}), shards
@@ -537,7 +543,7 @@ def _report_end(found: Search) -> None:
     return
   member = {**best.params, 'seed': config.seed,
             **({'num_models': config.num_models} if config.num_models > 1 else {}),
-            **({'member_shards': math.gcd(config.member_shards, config.num_models)}
+            **({'member_shards': shards_for(config, config.num_models)}
                if config.member_shards != 1 else {})}
   workdir = best.user_attrs.get(RUN_DIRECTORY, found.run_dir.file(f'{TRIALS}/{best.number}'))
   found.say(trials_lib.best_line(best, member, this_command(), workdir))
