@@ -300,11 +300,10 @@ def check_trials_folder(run_dir: RunDirectory, name: str) -> None:
   """Refuses a run directory whose trials/ holds another study's trials: trial numbers would meet
   (a study of another name in the same study.db, say)."""
   kept = run_dir.read_bytes(STUDY_NAME_FILE)
-  if kept is not None and kept.decode('utf-8', 'replace') != name:
-    raise UserError(f'the run directory {run_dir} keeps the trials of the study '
-                    f'{kept.decode("utf-8", "replace")} in {TRIALS}/, and this launch joins the '
-                    f'study {name}, whose trial numbers would meet theirs; pass another --workdir '
-                    'for it')
+  if kept is not None and (other := kept.decode('utf-8', 'replace')) != name:
+    raise UserError(f'the run directory {run_dir} keeps the trials of the study {other} in '
+                    f'{TRIALS}/, and this launch joins the study {name}, whose trial numbers '
+                    'would meet theirs; pass another --workdir for it')
 
 
 def trial_config(config: ml_collections.ConfigDict,
